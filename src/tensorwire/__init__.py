@@ -1,0 +1,1 @@
+"""tensorwire: move tensors and model updates fast over the protocols people deploy."""

@@ -1,0 +1,112 @@
+"""The exceptions tensorwire raises; every layer imports them from here.
+
+Each error is raised where the fault is found and its message says what was wrong and,
+where there is something to do, what to do.
+"""
+
+from __future__ import annotations
+
+
+class TensorwireError(Exception):
+    """Base class of every error tensorwire raises on purpose."""
+
+
+class MissingDependency(TensorwireError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+# --- wire: malformed or over-limit input ------------------------------------------------
+
+
+class WireError(TensorwireError, ValueError):
+    """Bytes that are not a valid tensorwire message (or exceed the configured limits)."""
+
+
+class BadMagic(WireError):
+    """The bytes do not start with the tensorwire magic: not a tensorwire message."""
+
+
+class UnsupportedVersion(WireError):
+    """The message uses a wire-format version this build cannot read."""
+
+
+class TruncatedMessage(WireError):
+    """The input ended before the message did."""
+
+
+class HeaderTooLarge(WireError):
+    """The declared header length exceeds ``Limits.max_header_bytes``."""
+
+
+class MessageTooLarge(WireError):
+    """The declared message size exceeds ``Limits.max_message_bytes``."""
+
+
+class MalformedHeader(WireError):
+    """The header is not valid msgpack or does not have the fields the format requires."""
+
+
+class HeaderCheckMismatch(MalformedHeader):
+    """The header's bytes do not match the check in the prefix: header or prefix is corrupt."""
+
+
+class UnknownDtype(WireError):
+    """A tensor names a dtype this build does not know."""
+
+
+class UnknownCodec(WireError):
+    """A tensor's codec chain names a codec that is not registered here."""
+
+
+class ShapeMismatch(WireError):
+    """A tensor's shape and dtype do not match its declared byte count."""
+
+
+class ChecksumMismatch(WireError):
+    """The checksum of a tensor's encoded bytes differs from the one sent with them."""
+
+
+class DecompressedSizeMismatch(WireError):
+    """A codec produced (or would produce) a size other than the header declares."""
+
+
+class CodecDataError(WireError):
+    """A codec could not decode its input: the compressed bytes are corrupt."""
+
+
+class ChunkError(WireError):
+    """A chunk of a chunked message is malformed or inconsistent with its siblings."""
+
+
+# --- codecs: configuration ---------------------------------------------------------------
+
+
+class CodecConfigError(TensorwireError, ValueError):
+    """A codec was configured with parameters it does not accept."""
+
+
+# --- transports --------------------------------------------------------------------------
+
+
+class TransportError(TensorwireError, OSError):
+    """A transport could not connect, send or receive."""
+
+
+class UnknownScheme(TransportError, ValueError):
+    """No transport is registered for the URL's scheme."""
+
+
+class TransportTimeout(TransportError, TimeoutError):
+    """An operation did not complete within its timeout (seconds)."""
+
+
+class PeerGone(TransportError):
+    """The peer closed the connection or left."""
+
+
+class GatherTimeout(TransportTimeout):
+    """``Hub.gather`` timed out; ``missing`` lists the clients that did not answer."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing

@@ -1,0 +1,436 @@
+"""Bytes back into tensors: a sans-IO stream decoder and a whole-buffer decoder.
+
+``MessageStream`` works like h11: feed it bytes with :meth:`~MessageStream.receive_data`,
+or, to avoid a copy, ask :meth:`~MessageStream.next_buffer` where the next bytes belong,
+``recv_into`` that view and report the count with :meth:`~MessageStream.advance`;
+then take messages from :meth:`~MessageStream.next_event`. It never touches a socket.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import xxhash
+
+from tensorwire.errors import (
+    ChecksumMismatch,
+    CodecDataError,
+    MalformedHeader,
+    TruncatedMessage,
+    UnknownCodec,
+    WireError,
+)
+from tensorwire.wire.codec import Codec, CodecLookup
+from tensorwire.wire.encoder import byte_view
+from tensorwire.wire.format import (
+    DIGEST_SIZE,
+    PREFIX_SIZE,
+    Limits,
+    MessagePlan,
+    TensorSpec,
+    parse_header,
+    parse_prefix,
+    verify_header,
+)
+from tensorwire.wire.pool import BufferPool
+from tensorwire.wire.tensors import TensorPath, map_leaves, to_torch, unflatten
+
+_U64 = struct.Struct("<Q")
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+"""Returned by ``MessageStream.next_event`` when no complete message is buffered."""
+
+
+@dataclass
+class Message:
+    """A decoded message: nested ``tensors`` (numpy arrays) and ``meta``.
+
+    ``decode_s`` is the CPU time spent decoding (header, checksums, codecs), seconds;
+    ``recv_s`` the time from its first byte arriving to its last tensor decoded, seconds
+    (0 for :func:`decode_message`); ``t0`` the sender's clock when it began encoding.
+    """
+
+    tensors: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+    kind: str = "data"
+    t0: float | None = None
+    nbytes: int = 0
+    wire_nbytes: int = 0
+    decode_s: float = 0.0
+    recv_s: float = 0.0
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[name]
+
+    def to_torch(self) -> dict[str, Any]:
+        """The tensors as torch tensors (sharing memory where torch allows), same nesting."""
+        return map_leaves(self.tensors, to_torch)
+
+
+def output_array(spec: TensorSpec, out: Mapping[TensorPath, np.ndarray] | None) -> np.ndarray:
+    """The caller's array for this tensor if it matches dtype, shape and order, else a new one."""
+    if out is not None:
+        arr = out.get(spec.path)
+        if (
+            isinstance(arr, np.ndarray)
+            and arr.dtype == spec.dtype
+            and arr.shape == spec.shape
+            and arr.flags.writeable
+            and (arr.flags.c_contiguous if spec.order == "C" else arr.flags.f_contiguous)
+        ):
+            return arr
+    return np.empty(spec.shape, spec.dtype, order=spec.order)
+
+
+def resolve_chain(spec: TensorSpec, lookup: CodecLookup | None) -> list[Codec]:
+    """Rebuild a tensor's codec chain from its header configs."""
+    if not spec.codecs:
+        return []
+    if lookup is None:
+        raise UnknownCodec(
+            f"tensor {'/'.join(spec.path)!r} uses codec {spec.codecs[0]['id']!r} but no codec "
+            "registry was given (use tensorwire.decode, or pass codec_lookup=tensorwire.codecs.get_codec)"
+        )
+    return [lookup(config) for config in spec.codecs]
+
+
+def decode_chain(
+    spec: TensorSpec, chain: Sequence[Codec], encoded: memoryview, out: memoryview, pool: BufferPool
+) -> None:
+    """Run the chain backwards from ``encoded`` into ``out`` (the tensor's bytes)."""
+    sizes = spec.stage_sizes
+    src = encoded
+    scratch: list[np.ndarray] = []
+    try:
+        for i in range(len(chain) - 1, -1, -1):
+            if i:
+                buf = pool.acquire(sizes[i])
+                scratch.append(buf)
+                dst = memoryview(buf)
+            else:
+                dst = out
+            try:
+                chain[i].decode(src, out=dst)
+            except WireError:
+                raise
+            except Exception as exc:  # a codec library's own error on corrupt input
+                raise CodecDataError(
+                    f"tensor {'/'.join(spec.path)!r}: codec {spec.codecs[i]['id']!r} failed: {exc}"
+                ) from None
+            src = dst
+    finally:
+        for buf in scratch:
+            pool.release(buf)
+
+
+def _check_digest(spec: TensorSpec, computed: int, sent: bytes | memoryview) -> None:
+    (expected,) = _U64.unpack(sent)
+    if computed != expected:
+        raise ChecksumMismatch(
+            f"tensor {'/'.join(spec.path)!r}: checksum {computed:016x} != sent {expected:016x}; "
+            "the bytes were corrupted in transit"
+        )
+
+
+_DEFAULT_POOL = BufferPool()
+
+
+def decode_message(
+    buf: Any,
+    *,
+    limits: Limits = Limits(),
+    codec_lookup: CodecLookup | None = None,
+    out: Mapping[TensorPath, np.ndarray] | None = None,
+    copy: bool = False,
+    pool: BufferPool | None = None,
+) -> Message:
+    """Decode one whole message held in ``buf`` (any bytes-like object).
+
+    Raw tensors are returned as views of ``buf`` (read-only if ``buf`` is) unless ``copy``
+    is true or ``out`` holds a matching array for them; compressed ones are decoded into
+    new arrays (or into ``out``). Every malformed input raises a ``WireError`` subclass.
+    """
+    start = time.perf_counter()
+    pool = pool or _DEFAULT_POOL
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    if len(mv) < PREFIX_SIZE:
+        raise TruncatedMessage(f"{len(mv)} bytes is shorter than the {PREFIX_SIZE}-byte prefix")
+    prefix = parse_prefix(mv, limits)
+    end_header = PREFIX_SIZE + prefix.header_length
+    total = end_header + prefix.body_length
+    if len(mv) < total:
+        raise TruncatedMessage(f"message is {total} bytes but only {len(mv)} were given")
+    if len(mv) > total:
+        raise MalformedHeader(f"{len(mv) - total} bytes follow the end of the message")
+    verify_header(mv[PREFIX_SIZE:end_header], prefix)
+    plan = parse_header(mv[PREFIX_SIZE:end_header], prefix, limits)
+    chains = [resolve_chain(spec, codec_lookup) for spec in plan.tensors]
+    items: list[tuple[TensorPath, np.ndarray]] = []
+    offset = end_header
+    for spec, chain in zip(plan.tensors, chains, strict=True):
+        encoded = mv[offset : offset + spec.size]
+        offset += spec.size
+        if plan.digests:
+            _check_digest(spec, xxhash.xxh3_64_intdigest(encoded), mv[offset : offset + DIGEST_SIZE])
+            offset += DIGEST_SIZE
+        if not chain and not copy and (out is None or spec.path not in out):
+            arr = np.frombuffer(encoded, spec.dtype).reshape(spec.shape, order=spec.order)
+        else:
+            arr = output_array(spec, out)
+            if chain:
+                decode_chain(spec, chain, encoded, byte_view(arr, spec.order), pool)
+            else:
+                byte_view(arr, spec.order)[:] = encoded
+        items.append((spec.path, arr))
+    return Message(
+        tensors=unflatten(items),
+        meta=plan.meta,
+        kind=plan.kind,
+        t0=plan.t0,
+        nbytes=plan.nbytes,
+        wire_nbytes=plan.wire_nbytes,
+        decode_s=time.perf_counter() - start,
+    )
+
+
+# Stream phases.
+_PREFIX, _HEADER, _DATA, _DIGEST, _SKIP = range(5)
+
+
+class MessageStream:
+    """Incremental decoder for a byte stream of back-to-back messages (sans-IO).
+
+    Errors in the prefix, or a header whose check fails, leave the stream unable to find the
+    next message: they are raised at once and :attr:`broken` becomes true (close the
+    connection). Any other bad message is skipped to its end and its error is raised by
+    :meth:`next_event` in its place; the stream then goes on with the next message.
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits = Limits(),
+        codec_lookup: CodecLookup | None = None,
+        pool: BufferPool | None = None,
+        max_read: int = 1 << 20,
+    ) -> None:
+        self.limits = limits
+        self.codec_lookup = codec_lookup
+        self.pool = pool or _DEFAULT_POOL
+        self.max_read = max_read
+        self.broken = False
+        self._events: deque[Message | WireError] = deque()
+        self._out: Mapping[TensorPath, np.ndarray] | None = None
+        self._small = bytearray(PREFIX_SIZE)
+        self._digest = bytearray(DIGEST_SIZE)
+        self._discard = bytearray(0)
+        self._start_message()
+
+    # -- public API ------------------------------------------------------------------
+
+    def set_out(self, out: Mapping[TensorPath, np.ndarray] | None) -> None:
+        """Arrays (by path) to decode the next message's tensors into when they match."""
+        self._out = out
+
+    @property
+    def in_message(self) -> bool:
+        """True between the first byte of a message and its end."""
+        return self._phase != _PREFIX or self._pos > 0
+
+    def next_buffer(self) -> memoryview:
+        """Where the next incoming bytes belong (at most ``max_read`` bytes); fill, then advance."""
+        self._check_usable()
+        return self._dst[self._pos : self._pos + self.max_read]
+
+    def advance(self, n: int) -> None:
+        """Report that ``n`` bytes were written into the view :meth:`next_buffer` returned."""
+        if n <= 0:
+            return
+        if self._pos == 0 and self._phase == _PREFIX:
+            self._t_first = time.perf_counter()
+        if self._hasher is not None:
+            self._hasher.update(self._dst[self._pos : self._pos + n])
+        self._pos += n
+        if self._pos == len(self._dst):
+            self._step()
+
+    def receive_data(self, data: Any) -> None:
+        """Copy ``data`` (bytes-like) into the stream; may complete one or more messages."""
+        mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        while len(mv):
+            self._check_usable()
+            k = min(len(self._dst) - self._pos, len(mv))
+            self._dst[self._pos : self._pos + k] = mv[:k]
+            mv = mv[k:]
+            self.advance(k)
+
+    def next_event(self) -> Message | _NeedData:
+        """The next complete message, ``NEED_DATA``, or raise the error of a bad message."""
+        if not self._events:
+            return NEED_DATA
+        event = self._events.popleft()
+        if isinstance(event, WireError):
+            raise event
+        return event
+
+    # -- state machine -----------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self.broken:
+            raise WireError("stream is broken by an earlier framing error; reconnect")
+
+    def _enter(self, phase: int, dst: memoryview, hasher: Any = None) -> None:
+        self._phase, self._dst, self._pos, self._hasher = phase, dst, 0, hasher
+
+    def _start_message(self) -> None:
+        self._plan: MessagePlan | None = None
+        self._error: WireError | None = None
+        self._index = -1
+        self._decode_s = 0.0
+        self._t_first = 0.0
+        self._items: list[tuple[TensorPath, np.ndarray]] = []
+        self._enter(_PREFIX, memoryview(self._small))
+
+    def _step(self) -> None:
+        """The current destination is full: move on, through any zero-length steps."""
+        while True:
+            try:
+                self._finish_phase()
+            except WireError:
+                self.broken = True
+                raise
+            if len(self._dst) or self._phase == _PREFIX:
+                return
+
+    def _finish_phase(self) -> None:
+        phase = self._phase
+        if phase == _PREFIX:
+            self._prefix = parse_prefix(self._small, self.limits)
+            self._enter(_HEADER, memoryview(bytearray(self._prefix.header_length)))
+        elif phase == _HEADER:
+            t = time.perf_counter()
+            verify_header(self._dst, self._prefix)  # else the prefix may be corrupt too: framing lost
+            try:
+                self._plan = parse_header(self._dst, self._prefix, self.limits)
+                self._chains = [resolve_chain(s, self.codec_lookup) for s in self._plan.tensors]
+            except WireError as exc:
+                self._fail(exc, self._prefix.body_length)
+                return
+            finally:
+                self._decode_s += time.perf_counter() - t
+            self._next_tensor()
+        elif phase == _DATA:
+            if self._plan is not None and self._plan.digests:
+                self._enter(_DIGEST, memoryview(self._digest))
+            else:
+                self._finish_tensor()
+        elif phase == _DIGEST:
+            self._finish_tensor()
+        elif phase == _SKIP:
+            self._skip_left -= len(self._dst)
+            if self._skip_left:
+                self._enter(_SKIP, self._discard_view())
+            else:
+                self._end_message()
+
+    def _fail(self, exc: WireError, skip: int) -> None:
+        """Record a bad message and skip ``skip`` more bytes to its end."""
+        self._error = exc
+        self._release_scratch()
+        self._skip_left = skip
+        if skip:
+            self._enter(_SKIP, self._discard_view())
+        else:
+            self._end_message()
+
+    def _discard_view(self) -> memoryview:
+        if not self._discard:
+            self._discard = bytearray(1 << 16)
+        return memoryview(self._discard)[: min(self._skip_left, len(self._discard))]
+
+    def _next_tensor(self) -> None:
+        assert self._plan is not None
+        self._index += 1
+        if self._index == len(self._plan.tensors):
+            self._end_message()
+            return
+        spec = self._plan.tensors[self._index]
+        self._arr = output_array(spec, self._out)
+        if self._chains[self._index]:
+            self._scratch: np.ndarray | None = self.pool.acquire(spec.size)
+            dst = memoryview(self._scratch)
+        else:
+            self._scratch = None
+            dst = byte_view(self._arr, spec.order)
+        self._enter(_DATA, dst, xxhash.xxh3_64() if self._plan.digests else None)
+        self._tensor_hash = self._hasher
+
+    def _finish_tensor(self) -> None:
+        assert self._plan is not None
+        spec = self._plan.tensors[self._index]
+        t = time.perf_counter()
+        try:
+            if self._plan.digests:
+                _check_digest(spec, self._tensor_hash.intdigest(), self._digest)
+            if self._scratch is not None:
+                decode_chain(
+                    spec,
+                    self._chains[self._index],
+                    memoryview(self._scratch),
+                    byte_view(self._arr, spec.order),
+                    self.pool,
+                )
+        except WireError as exc:
+            self._decode_s += time.perf_counter() - t
+            self._fail(exc, self._body_left_after(self._index))
+            return
+        self._decode_s += time.perf_counter() - t
+        self._release_scratch()
+        self._items.append((spec.path, self._arr))
+        self._next_tensor()
+
+    def _body_left_after(self, index: int) -> int:
+        assert self._plan is not None
+        rest = self._plan.tensors[index + 1 :]
+        return sum(s.size for s in rest) + (DIGEST_SIZE * len(rest) if self._plan.digests else 0)
+
+    def _release_scratch(self) -> None:
+        scratch = getattr(self, "_scratch", None)
+        if scratch is not None:
+            self.pool.release(scratch)
+            self._scratch = None
+
+    def _end_message(self) -> None:
+        if self._error is not None:
+            self._events.append(self._error)
+        else:
+            plan = self._plan
+            assert plan is not None
+            self._events.append(
+                Message(
+                    tensors=unflatten(self._items),
+                    meta=plan.meta,
+                    kind=plan.kind,
+                    t0=plan.t0,
+                    nbytes=plan.nbytes,
+                    wire_nbytes=plan.wire_nbytes,
+                    decode_s=self._decode_s,
+                    recv_s=time.perf_counter() - self._t_first,
+                )
+            )
+        self._out = None
+        self._start_message()
