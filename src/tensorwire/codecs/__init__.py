@@ -1,0 +1,51 @@
+"""Lossless byte codecs, the registry that rebuilds them from headers, and codec choice.
+
+Every codec follows numcodecs' shape: ``encode(buf)``, ``decode(buf, out=None)`` into a
+preallocated buffer, ``get_config()`` / ``from_config()`` with an ``"id"``. lz4, zstd,
+zlib, lzma and blosc2 share one block container (:mod:`tensorwire.codecs.blocked`) whose
+blocks are (de)compressed in parallel threads (:func:`set_threads`).
+"""
+
+from __future__ import annotations
+
+from tensorwire.codecs.abc import DEFAULT_MAX_DECODED_SIZE, Codec
+from tensorwire.codecs.auto import AutoCodec, CodecEstimate
+from tensorwire.codecs.blocked import BlockedCodec
+from tensorwire.codecs.blosc2 import Blosc2
+from tensorwire.codecs.lz4 import LZ4
+from tensorwire.codecs.registry import available_codecs, get_codec, register_codec
+from tensorwire.codecs.resolve import NAMED_CODEC_MIN_SIZE, FixedChainSelector, resolve_codecs
+from tensorwire.codecs.threads import get_threads, set_threads
+from tensorwire.codecs.zlib import Zlib
+from tensorwire.codecs.zstd import Zstd
+
+for _codec in (LZ4, Zstd, Zlib, Blosc2):
+    register_codec(_codec)
+
+try:  # CPython can be built without liblzma
+    from tensorwire.codecs.lzma import LZMA
+except ImportError:  # pragma: no cover - depends on the interpreter build
+    LZMA = None  # type: ignore[assignment,misc]
+else:
+    register_codec(LZMA)
+
+__all__ = [
+    "DEFAULT_MAX_DECODED_SIZE",
+    "LZ4",
+    "LZMA",
+    "NAMED_CODEC_MIN_SIZE",
+    "AutoCodec",
+    "BlockedCodec",
+    "Blosc2",
+    "Codec",
+    "CodecEstimate",
+    "FixedChainSelector",
+    "Zlib",
+    "Zstd",
+    "available_codecs",
+    "get_codec",
+    "get_threads",
+    "register_codec",
+    "resolve_codecs",
+    "set_threads",
+]
