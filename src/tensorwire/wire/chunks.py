@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import struct
+from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +22,13 @@ from typing import Any
 import numpy as np
 
 from tensorwire.errors import ChunkError, MessageTooLarge
+from tensorwire.wire.encoder import _as_byte_view
 
 CHUNK_MAGIC = b"TWCK"
 CHUNK_VERSION = 1
 CHUNK_HEADER = struct.Struct("<4sBBHQIIQQ")
 CHUNK_HEADER_SIZE = CHUNK_HEADER.size  # 40
+_MAX_DONE = 1 << 16  # completed message keys remembered at most (bounds memory)
 
 
 def new_message_id() -> int:
@@ -44,25 +47,31 @@ class ChunkHeader:
 
 def parse_chunk(chunk: Any) -> tuple[ChunkHeader, memoryview]:
     """Split a chunk into its validated header and payload view; ``ChunkError`` if malformed."""
-    mv = memoryview(chunk).cast("B") if not isinstance(chunk, memoryview) else chunk
+    mv = _as_byte_view(chunk)
     if len(mv) < CHUNK_HEADER_SIZE:
-        raise ChunkError(f"chunk of {len(mv)} bytes is shorter than its {CHUNK_HEADER_SIZE}-byte header")
+        raise ChunkError(
+            f"chunk of {len(mv)} bytes is shorter than its {CHUNK_HEADER_SIZE}-byte header"
+        )
     magic, version, flags, reserved, mid, index, count, offset, total = CHUNK_HEADER.unpack_from(mv)
     if magic != CHUNK_MAGIC:
         raise ChunkError(f"bad chunk magic {bytes(magic)!r} (expected {CHUNK_MAGIC!r})")
     if version != CHUNK_VERSION or flags or reserved:
-        raise ChunkError(f"unsupported chunk version {version} / flags {flags} / reserved {reserved}")
+        raise ChunkError(
+            f"unsupported chunk version {version} / flags {flags} / reserved {reserved}"
+        )
     payload = mv[CHUNK_HEADER_SIZE:]
     if count == 0 or index >= count:
         raise ChunkError(f"chunk index {index} is out of range for count {count}")
+    if count > max(total, 1):  # checked before a reassembler allocates per-chunk state
+        raise ChunkError(f"{count} chunks cannot carry a message of {total} bytes")
     if offset + len(payload) > total:
-        raise ChunkError(f"chunk [{offset}, {offset + len(payload)}) runs past the message end {total}")
+        raise ChunkError(
+            f"chunk [{offset}, {offset + len(payload)}) runs past the message end {total}"
+        )
     return ChunkHeader(mid, index, count, offset, total), payload
 
 
-def iter_chunks(
-    frames: Sequence[Any], message_id: int, chunk_payload: int
-) -> Iterator[list[Any]]:
+def iter_chunks(frames: Sequence[Any], message_id: int, chunk_payload: int) -> Iterator[list[Any]]:
     """Yield each chunk as a list of buffers (its header, then views of ``frames``), no copies.
 
     ``frames`` is the message as buffers in order (e.g. ``EncodedMessage.frames()``);
@@ -70,7 +79,7 @@ def iter_chunks(
     """
     if chunk_payload <= 0:
         raise ValueError("chunk_payload must be positive")
-    views = [memoryview(f).cast("B") if not isinstance(f, memoryview) else f for f in frames]
+    views = [_as_byte_view(f) for f in frames]
     total = sum(len(v) for v in views)
     count = max(-(-total // chunk_payload), 1)
     fi, fpos = 0, 0
@@ -78,7 +87,9 @@ def iter_chunks(
         offset = index * chunk_payload
         want = min(chunk_payload, total - offset)
         parts: list[Any] = [
-            CHUNK_HEADER.pack(CHUNK_MAGIC, CHUNK_VERSION, 0, 0, message_id, index, count, offset, total)
+            CHUNK_HEADER.pack(
+                CHUNK_MAGIC, CHUNK_VERSION, 0, 0, message_id, index, count, offset, total
+            )
         ]
         while want:
             v = views[fi]
@@ -134,6 +145,9 @@ class ChunkReassembler:
         self.max_pending = max_pending
         self._pending: dict[tuple[Hashable, int], _Pending] = {}
         self._evicted: list[PartialMessage] = []
+        # Keys of messages completed in the last ``timeout`` seconds: their late duplicate
+        # chunks are dropped instead of opening a new message that would expire as a loss.
+        self._done: OrderedDict[tuple[Hashable, int], float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -143,15 +157,15 @@ class ChunkReassembler:
         head, payload = parse_chunk(chunk)
         key = (source, head.message_id)
         p = self._pending.get(key)
+        new = p is None
         if p is None:
+            if key in self._done:
+                return None  # a late duplicate of a message already delivered
             if head.total_length > self.max_message_bytes:
                 raise MessageTooLarge(
                     f"chunked message of {head.total_length} bytes exceeds the limit of "
                     f"{self.max_message_bytes} bytes"
                 )
-            while len(self._pending) >= self.max_pending:
-                oldest = min(self._pending, key=lambda k: self._pending[k].last_seen)
-                self._evicted.append(self._to_partial(oldest, self._pending.pop(oldest)))
             p = _Pending(
                 data=np.empty(head.total_length, np.uint8),
                 count=head.count,
@@ -160,8 +174,12 @@ class ChunkReassembler:
                 chunk_payload=None,
                 last_seen=now,
             )
-            self._pending[key] = p
         self._check_consistent(p, head, len(payload))
+        if new:  # only a valid first chunk may displace a pending message
+            while len(self._pending) >= self.max_pending:
+                oldest = min(self._pending, key=lambda k: self._pending[k].last_seen)
+                self._evicted.append(self._to_partial(oldest, self._pending.pop(oldest)))
+            self._pending[key] = p
         p.last_seen = now
         if p.received[head.index]:
             return None  # duplicate
@@ -170,6 +188,9 @@ class ChunkReassembler:
         p.n_received += 1
         if p.n_received == p.count:
             del self._pending[key]
+            self._done[key] = now
+            if len(self._done) > _MAX_DONE:
+                self._done.popitem(last=False)
             return p.data
         return None
 
@@ -190,7 +211,11 @@ class ChunkReassembler:
             size = p.total
         if p.chunk_payload is None:
             p.chunk_payload = size
-        if size != p.chunk_payload or head.offset != head.index * size:
+        if (
+            size != p.chunk_payload
+            or head.offset != head.index * size
+            or (p.count > 1 and (size == 0 or -(-p.total // size) != p.count))
+        ):
             raise ChunkError(
                 f"chunk {head.index} at offset {head.offset} with {n} bytes does not fit a chunk "
                 f"size of {p.chunk_payload}"
@@ -206,6 +231,8 @@ class ChunkReassembler:
     def expire(self, now: float) -> list[PartialMessage]:
         """Drop messages idle for ``timeout`` seconds (and any evicted); return what arrived."""
         out, self._evicted = self._evicted, []
+        while self._done and now - next(iter(self._done.values())) >= self.timeout:
+            self._done.popitem(last=False)
         for key in [k for k, p in self._pending.items() if now - p.last_seen >= self.timeout]:
             out.append(self._to_partial(key, self._pending.pop(key)))
         return out

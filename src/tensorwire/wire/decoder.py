@@ -21,13 +21,14 @@ import xxhash
 from tensorwire.errors import (
     ChecksumMismatch,
     CodecDataError,
+    HeaderCheckMismatch,
     MalformedHeader,
     TruncatedMessage,
     UnknownCodec,
     WireError,
 )
 from tensorwire.wire.codec import Codec, CodecLookup
-from tensorwire.wire.encoder import byte_view
+from tensorwire.wire.encoder import _as_byte_view, byte_view
 from tensorwire.wire.format import (
     DIGEST_SIZE,
     PREFIX_SIZE,
@@ -70,6 +71,9 @@ class Message:
     wire_nbytes: int = 0
     decode_s: float = 0.0
     recv_s: float = 0.0
+    n_tensors: int = 0
+    codec_label: str = "raw"
+    record: Any = None  # the transport's TransferRecord, once a transport delivered it
 
     def __getitem__(self, name: str) -> Any:
         return self.tensors[name]
@@ -101,9 +105,20 @@ def resolve_chain(spec: TensorSpec, lookup: CodecLookup | None) -> list[Codec]:
     if lookup is None:
         raise UnknownCodec(
             f"tensor {'/'.join(spec.path)!r} uses codec {spec.codecs[0]['id']!r} but no codec "
-            "registry was given (use tensorwire.decode, or pass codec_lookup=tensorwire.codecs.get_codec)"
+            "registry was given (use tensorwire.decode, or pass "
+            "codec_lookup=tensorwire.codecs.get_codec)"
         )
-    return [lookup(config) for config in spec.codecs]
+    chain = []
+    for config in spec.codecs:
+        try:
+            chain.append(lookup(config))
+        except WireError:
+            raise
+        except Exception as exc:  # e.g. a registered codec rejecting hostile parameters
+            raise UnknownCodec(
+                f"tensor {'/'.join(spec.path)!r}: cannot build codec {config!r}: {exc}"
+            ) from None
+    return chain
 
 
 def decode_chain(
@@ -185,7 +200,9 @@ def decode_message(
         encoded = mv[offset : offset + spec.size]
         offset += spec.size
         if plan.digests:
-            _check_digest(spec, xxhash.xxh3_64_intdigest(encoded), mv[offset : offset + DIGEST_SIZE])
+            _check_digest(
+                spec, xxhash.xxh3_64_intdigest(encoded), mv[offset : offset + DIGEST_SIZE]
+            )
             offset += DIGEST_SIZE
         if not chain and not copy and (out is None or spec.path not in out):
             arr = np.frombuffer(encoded, spec.dtype).reshape(spec.shape, order=spec.order)
@@ -204,6 +221,8 @@ def decode_message(
         nbytes=plan.nbytes,
         wire_nbytes=plan.wire_nbytes,
         decode_s=time.perf_counter() - start,
+        n_tensors=len(plan.tensors),
+        codec_label=plan.codec_label,
     )
 
 
@@ -260,6 +279,8 @@ class MessageStream:
         """Report that ``n`` bytes were written into the view :meth:`next_buffer` returned."""
         if n <= 0:
             return
+        if n > len(self._dst) - self._pos or n > self.max_read:
+            raise ValueError(f"advance({n}) is more than the view next_buffer() gave")
         if self._pos == 0 and self._phase == _PREFIX:
             self._t_first = time.perf_counter()
         if self._hasher is not None:
@@ -270,13 +291,49 @@ class MessageStream:
 
     def receive_data(self, data: Any) -> None:
         """Copy ``data`` (bytes-like) into the stream; may complete one or more messages."""
-        mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        mv = _as_byte_view(data)
         while len(mv):
             self._check_usable()
+            if self._phase == _PREFIX and self._pos == 0 and len(mv) >= PREFIX_SIZE:
+                taken = self._whole_message(mv)
+                if taken:
+                    mv = mv[taken:]
+                    continue
             k = min(len(self._dst) - self._pos, len(mv))
             self._dst[self._pos : self._pos + k] = mv[:k]
             mv = mv[k:]
             self.advance(k)
+
+    def _whole_message(self, mv: memoryview) -> int:
+        """Decode a message that ``mv`` holds whole, in one pass (small messages: far fewer
+        steps than the phase machine); return the bytes it took, or 0 to go byte by byte."""
+        try:
+            prefix = parse_prefix(mv, self.limits)
+        except WireError:
+            return 0  # the phase machine raises it, and marks the stream broken
+        total = PREFIX_SIZE + prefix.header_length + prefix.body_length
+        if len(mv) < total:
+            return 0
+        t_first = time.perf_counter()
+        try:
+            msg = decode_message(
+                mv[:total],
+                limits=self.limits,
+                codec_lookup=self.codec_lookup,
+                out=self._out,
+                copy=True,
+                pool=self.pool,
+            )
+        except HeaderCheckMismatch:
+            self.broken = True
+            raise
+        except WireError as exc:
+            self._events.append(exc)
+        else:
+            msg.recv_s = time.perf_counter() - t_first
+            self._events.append(msg)
+        self._out = None
+        return total
 
     def next_event(self) -> Message | _NeedData:
         """The next complete message, ``NEED_DATA``, or raise the error of a bad message."""
@@ -310,7 +367,7 @@ class MessageStream:
         while True:
             try:
                 self._finish_phase()
-            except WireError:
+            except BaseException:  # any error here leaves the phases inconsistent: framing lost
                 self.broken = True
                 raise
             if len(self._dst) or self._phase == _PREFIX:
@@ -323,10 +380,14 @@ class MessageStream:
             self._enter(_HEADER, memoryview(bytearray(self._prefix.header_length)))
         elif phase == _HEADER:
             t = time.perf_counter()
-            verify_header(self._dst, self._prefix)  # else the prefix may be corrupt too: framing lost
+            verify_header(
+                self._dst, self._prefix
+            )  # else the prefix may be corrupt too: framing lost
             try:
                 self._plan = parse_header(self._dst, self._prefix, self.limits)
                 self._chains = [resolve_chain(s, self.codec_lookup) for s in self._plan.tensors]
+            except HeaderCheckMismatch:
+                raise  # a wrong body length in the prefix: the next message start is unknown
             except WireError as exc:
                 self._fail(exc, self._prefix.body_length)
                 return
@@ -430,6 +491,8 @@ class MessageStream:
                     wire_nbytes=plan.wire_nbytes,
                     decode_s=self._decode_s,
                     recv_s=time.perf_counter() - self._t_first,
+                    n_tensors=len(plan.tensors),
+                    codec_label=plan.codec_label,
                 )
             )
         self._out = None

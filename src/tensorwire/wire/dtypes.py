@@ -42,7 +42,5 @@ def name_of_dtype(dtype: np.dtype) -> str:
     """Return the wire name of a (little-endian or native) numpy dtype; ``TypeError`` if none."""
     name = _NAME_OF.get(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
     if name is None:
-        raise TypeError(
-            f"dtype {dtype} cannot be sent; supported: {', '.join(WIRE_DTYPES)}"
-        )
+        raise TypeError(f"dtype {dtype} cannot be sent; supported: {', '.join(WIRE_DTYPES)}")
     return name

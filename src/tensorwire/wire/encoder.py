@@ -12,7 +12,7 @@ import xxhash
 
 from tensorwire.wire.codec import CodecSelector
 from tensorwire.wire.dtypes import name_of_dtype
-from tensorwire.wire.format import DIGEST_SIZE, build_header, pack_prefix
+from tensorwire.wire.format import DIGEST_SIZE, build_header, codec_label, pack_prefix
 from tensorwire.wire.tensors import flatten, to_numpy
 
 _U64 = struct.Struct("<Q")
@@ -47,6 +47,7 @@ class EncodedMessage:
         raw_nbytes: int,
         encode_s: float,
         t0: float,
+        codec_label: str = "raw",
     ) -> None:
         self.head = head
         self.buffers = buffers
@@ -54,8 +55,11 @@ class EncodedMessage:
         self.raw_nbytes = raw_nbytes
         self.encode_s = encode_s
         self.t0 = t0
-        self.nbytes = len(head) + sum(len(b) for b in buffers) + (
-            DIGEST_SIZE * len(buffers) if digests else 0
+        self.codec_label = codec_label  # e.g. "raw", "lz4", "lz4+raw": what the tensors used
+        self.nbytes = (
+            len(head)
+            + sum(len(b) for b in buffers)
+            + (DIGEST_SIZE * len(buffers) if digests else 0)
         )
         # Filled as segments() walks the message; a race only computes a digest twice.
         self._digest_cache: list[bytes | None] = [None] * len(buffers)
@@ -132,14 +136,16 @@ def encode_message(
     codecs: CodecSelector | None = None,
     checksum: bool = True,
     kind: str = "data",
+    t0: float | None = None,
 ) -> EncodedMessage:
     """Encode a (nested) mapping of names to numpy arrays / torch tensors plus metadata.
 
     ``codecs`` picks each tensor's codec chain (see ``tensorwire.codecs.resolve_codecs``);
     a chain whose output is not smaller than the raw bytes is dropped and the tensor goes raw.
-    ``checksum`` appends an xxh3-64 digest to every tensor's bytes.
+    ``checksum`` appends an xxh3-64 digest to every tensor's bytes. ``t0`` is the send
+    time (seconds since the epoch) put in the header; default now (fix it for test vectors).
     """
-    t0 = time.time()
+    t0 = time.time() if t0 is None else t0
     start = time.perf_counter()
     entries: list[dict[str, Any]] = []
     buffers: list[memoryview] = []
@@ -174,4 +180,12 @@ def encode_message(
     header = build_header(kind, dict(meta or {}), t0, entries)
     body_length = sum(len(b) for b in buffers) + (DIGEST_SIZE * len(buffers) if checksum else 0)
     head = pack_prefix(header, body_length, checksum) + header
-    return EncodedMessage(head, buffers, checksum, raw_nbytes, time.perf_counter() - start, t0)
+    return EncodedMessage(
+        head,
+        buffers,
+        checksum,
+        raw_nbytes,
+        time.perf_counter() - start,
+        t0,
+        codec_label(e.get("codecs", ()) for e in entries),
+    )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +48,8 @@ GiB = 1 << 30
 class Limits:
     """Bounds a decoder enforces before it allocates anything (bytes and counts)."""
 
-    max_header_bytes: int = 64 << 20
+    # A parsed header can take ~70x its size in Python objects: keep this modest.
+    max_header_bytes: int = 8 << 20
     # Decoding one message allocates at most this: its decoded tensors plus the scratch
     # space of its largest compressed tensor.
     max_message_bytes: int = 16 * GiB
@@ -96,6 +99,10 @@ class MessagePlan:
         return sum(t.nbytes for t in self.tensors)
 
     @property
+    def codec_label(self) -> str:
+        return codec_label(t.codecs for t in self.tensors)
+
+    @property
     def wire_nbytes(self) -> int:
         """Size of the whole message on the wire, bytes."""
         return PREFIX_SIZE + self.header_length + self.body_length
@@ -111,6 +118,12 @@ class Prefix:
 
     def __post_init__(self) -> None:
         self.digests = bool(self.flags & FLAG_DIGESTS)
+
+
+def codec_label(chains: Iterable[Sequence[Mapping[str, Any]]]) -> str:
+    """Sorted ids of each tensor's first codec (``"raw"`` for none) joined by "+": "lz4+raw"."""
+    ids = {chain[0]["id"] if chain else "raw" for chain in chains}
+    return "+".join(sorted(ids)) or "raw"
 
 
 def header_check(header: bytes | memoryview) -> int:
@@ -151,13 +164,28 @@ def build_header(
     kind: str, meta: dict[str, Any], t0: float | None, tensors: list[dict[str, Any]]
 ) -> bytes:
     """Pack the header map; ``meta`` must hold only msgpack types (numpy scalars allowed)."""
+    _check_str_keys(meta, "meta")
     doc: dict[str, Any] = {"kind": kind, "meta": meta, "tensors": tensors}
     if t0 is not None:
         doc["t0"] = t0
     try:
         return msgpack.packb(doc, default=_meta_default, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise TypeError(f"meta cannot be sent: {exc} (use str, int, float, bool, bytes, lists, dicts)") from None
+        raise TypeError(
+            f"meta cannot be sent: {exc} (use str, int, float, bool, bytes, lists, dicts)"
+        ) from None
+
+
+def _check_str_keys(obj: Any, where: str) -> None:
+    """Decoders accept only string map keys (msgpack's strict_map_key): refuse others here."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has the key {key!r}; map keys in meta must be str")
+            _check_str_keys(value, f"{where}.{key}")
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _check_str_keys(value, where)
 
 
 def _meta_default(obj: Any) -> Any:
@@ -202,7 +230,8 @@ def parse_header(data: bytes | memoryview, prefix: Prefix, limits: Limits) -> Me
     digest_bytes = DIGEST_SIZE * len(specs) if prefix.digests else 0
     body = sum(s.size for s in specs) + digest_bytes
     if body != prefix.body_length:
-        raise MalformedHeader(
+        # The prefix is outside the header check, so this is where a corrupt one shows.
+        raise HeaderCheckMismatch(
             f"tensors account for {body} body bytes but the prefix declares {prefix.body_length}"
         )
     decoded = sum(s.nbytes for s in specs)
@@ -223,51 +252,76 @@ def parse_header(data: bytes | memoryview, prefix: Prefix, limits: Limits) -> Me
     )
 
 
-def _nonneg_int(value: Any, what: str) -> int:
-    if type(value) is not int or value < 0:
-        raise MalformedHeader(f"{what} must be a non-negative integer, got {value!r}")
-    return value
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _parse_tensor(index: int, e: Any, limits: Limits) -> TensorSpec:
-    if not isinstance(e, dict):
+    # Hot for small messages: no message is formatted unless something is wrong.
+    if type(e) is not dict:
         raise MalformedHeader(f"tensor #{index} must be a map")
     path = e.get("name")
-    if (
-        not isinstance(path, list)
-        or not path
-        or not all(isinstance(p, str) and p for p in path)
-    ):
-        raise MalformedHeader(f"tensor #{index}: 'name' must be a non-empty array of non-empty strings")
-    where = "/".join(path)
+    if type(path) is not list or not path or not all(type(p) is str and p for p in path):
+        raise MalformedHeader(
+            f"tensor #{index}: 'name' must be a non-empty array of non-empty strings"
+        )
     dtype = dtype_from_name(e.get("dtype"))
     shape = e.get("shape")
-    if not isinstance(shape, list) or len(shape) > limits.max_ndim:
-        raise MalformedHeader(f"tensor {where!r}: 'shape' must be an array of at most {limits.max_ndim} sizes")
-    shape_t = tuple(_nonneg_int(d, f"tensor {where!r}: each dimension") for d in shape)
+    if type(shape) is not list or len(shape) > limits.max_ndim or not all(map(_is_count, shape)):
+        raise MalformedHeader(
+            f"tensor {'/'.join(path)!r}: 'shape' must be an array of at most {limits.max_ndim} "
+            f"non-negative integers, got {shape!r}"
+        )
     order = e.get("order", "C")
-    if order not in ("C", "F"):
-        raise MalformedHeader(f"tensor {where!r}: 'order' must be 'C' or 'F', got {order!r}")
-    nbytes = _nonneg_int(e.get("nbytes"), f"tensor {where!r}: 'nbytes'")
-    size = _nonneg_int(e.get("size"), f"tensor {where!r}: 'size'")
-    expected = math.prod(shape_t) * dtype.itemsize
+    if order != "C" and order != "F":
+        raise MalformedHeader(
+            f"tensor {'/'.join(path)!r}: 'order' must be 'C' or 'F', got {order!r}"
+        )
+    nbytes = e.get("nbytes")
+    size = e.get("size")
+    if not (_is_count(nbytes) and _is_count(size)):
+        raise MalformedHeader(
+            f"tensor {'/'.join(path)!r}: 'nbytes' and 'size' must be non-negative integers, "
+            f"got {nbytes!r} and {size!r}"
+        )
+    expected = math.prod(shape) * dtype.itemsize
     if expected != nbytes:
         raise ShapeMismatch(
-            f"tensor {where!r}: shape {list(shape_t)} of {dtype.name} is {expected} bytes, "
+            f"tensor {'/'.join(path)!r}: shape {shape} of {dtype.name} is {expected} bytes, "
             f"header says {nbytes}"
         )
-    codecs = e.get("codecs", [])
-    if not isinstance(codecs, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("id"), str) for c in codecs
-    ):
-        raise MalformedHeader(f"tensor {where!r}: 'codecs' must be an array of maps with an 'id'")
-    sizes = e.get("sizes", [])
-    if not isinstance(sizes, list) or len(sizes) != max(len(codecs) - 1, 0):
-        raise MalformedHeader(f"tensor {where!r}: 'sizes' must hold one size per inner codec stage")
-    sizes_t = tuple(_nonneg_int(s, f"tensor {where!r}: each stage size") for s in sizes)
-    if not codecs and size != nbytes:
-        raise ShapeMismatch(f"tensor {where!r}: raw tensor of {nbytes} bytes declares {size} on the wire")
-    return TensorSpec(tuple(path), dtype, shape_t, order, nbytes, size, tuple(codecs), sizes_t)
+    if not expected and math.prod(d for d in shape if d) * dtype.itemsize > sys.maxsize:
+        # numpy refuses such a shape even for an empty array (its size must fit an intp)
+        raise MalformedHeader(f"tensor {'/'.join(path)!r}: shape {shape} is too big for an array")
+    codecs = e.get("codecs", ())
+    sizes = e.get("sizes", ())
+    if codecs:
+        if type(codecs) is not list or not all(
+            type(c) is dict and type(c.get("id")) is str for c in codecs
+        ):
+            raise MalformedHeader(
+                f"tensor {'/'.join(path)!r}: 'codecs' must be an array of maps with an 'id'"
+            )
+        if (
+            type(sizes) not in (list, tuple)
+            or len(sizes) != len(codecs) - 1
+            or not all(map(_is_count, sizes))
+        ):
+            raise MalformedHeader(
+                f"tensor {'/'.join(path)!r}: 'sizes' must hold one non-negative size per inner "
+                "codec stage"
+            )
+    elif sizes or type(codecs) not in (list, tuple) or type(sizes) not in (list, tuple):
+        raise MalformedHeader(
+            f"tensor {'/'.join(path)!r}: 'sizes' without 'codecs', or bad 'codecs'"
+        )
+    elif size != nbytes:
+        raise ShapeMismatch(
+            f"tensor {'/'.join(path)!r}: raw tensor of {nbytes} bytes declares {size} on the wire"
+        )
+    return TensorSpec(
+        tuple(path), dtype, tuple(shape), order, nbytes, size, tuple(codecs), tuple(sizes)
+    )
 
 
 def _check_paths(specs: list[TensorSpec]) -> None:
@@ -277,4 +331,6 @@ def _check_paths(specs: list[TensorSpec]) -> None:
     for s in specs:
         for i in range(1, len(s.path)):
             if s.path[:i] in seen:
-                raise MalformedHeader(f"name {'/'.join(s.path)!r} runs through tensor {'/'.join(s.path[:i])!r}")
+                raise MalformedHeader(
+                    f"name {'/'.join(s.path)!r} runs through tensor {'/'.join(s.path[:i])!r}"
+                )

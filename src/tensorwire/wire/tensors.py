@@ -52,13 +52,19 @@ def to_torch(arr: np.ndarray) -> Any:
     return torch.from_numpy(arr)
 
 
-def flatten(tensors: Mapping[str, Any], prefix: TensorPath = ()) -> Iterator[tuple[TensorPath, Any]]:
+def flatten(
+    tensors: Mapping[str, Any], prefix: TensorPath = ()
+) -> Iterator[tuple[TensorPath, Any]]:
     """Yield ``(path, leaf)`` for every leaf of a nested mapping of names to tensors."""
     if not isinstance(tensors, Mapping):
-        raise TypeError(f"tensors must be a mapping of names to tensors, not {type(tensors).__name__}")
+        raise TypeError(
+            f"tensors must be a mapping of names to tensors, not {type(tensors).__name__}"
+        )
     for key, value in tensors.items():
-        if not isinstance(key, str):
-            raise TypeError(f"tensor names must be str, got {key!r} in {'/'.join(prefix) or '<root>'}")
+        if not isinstance(key, str) or not key:  # the decoder rejects empty names
+            raise TypeError(
+                f"tensor names must be non-empty str, got {key!r} in {'/'.join(prefix) or '<root>'}"
+            )
         path = (*prefix, key)
         if isinstance(value, Mapping):
             yield from flatten(value, path)
@@ -66,7 +72,9 @@ def flatten(tensors: Mapping[str, Any], prefix: TensorPath = ()) -> Iterator[tup
             yield path, value
 
 
-def unflatten(items: Iterator[tuple[TensorPath, Any]] | list[tuple[TensorPath, Any]]) -> dict[str, Any]:
+def unflatten(
+    items: Iterator[tuple[TensorPath, Any]] | list[tuple[TensorPath, Any]],
+) -> dict[str, Any]:
     """Rebuild the nested dict that :func:`flatten` walked; paths must not collide."""
     root: dict[str, Any] = {}
     for path, value in items:
