@@ -1,0 +1,408 @@
+"""What every transport's hub and channel share: the API, membership, inbox, gather, records.
+
+A transport subclass supplies the I/O: how to send an encoded message to one peer, and
+threads that call :meth:`Hub._joined`, :meth:`Hub._delivered` and :meth:`Hub._left`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tensorwire.codecs import AutoCodec, available_codecs, resolve_codecs
+from tensorwire.errors import GatherTimeout, PeerGone, TransportTimeout
+from tensorwire.wire import CodecSelector, EncodedMessage, Limits, Message, encode_message
+
+log = logging.getLogger("tensorwire.transports")
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class TransferRecord:
+    """One message sent or received: sizes in bytes, times in seconds.
+
+    ``wall_s`` is, for a send, from the start of encoding to the last byte handed to the
+    transport; for a receive, from the first byte arriving to the last tensor decoded.
+    ``e2e_s`` (receives only) runs from the sender's start of encoding, by the two clocks.
+    """
+
+    direction: str  # "send" or "recv"
+    peer: str
+    protocol: str
+    kind: str
+    tensors: int
+    bytes_raw: int
+    bytes_encoded: int
+    codecs: str
+    encode_s: float
+    wire_s: float
+    decode_s: float
+    wall_s: float
+    e2e_s: float | None
+    started_at: float  # unix seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+class _Endpoint:
+    """Codec policy, limits and records shared by hubs and channels."""
+
+    protocol = "?"
+
+    def __init__(self, codec: Any, checksum: bool, limits: Limits) -> None:
+        self.codec_spec = codec
+        self.selector: CodecSelector = resolve_codecs(codec)
+        self.checksum = checksum
+        self.limits = limits
+        self.records: list[TransferRecord] = []
+        self.decoders = available_codecs()
+
+    def _encode_for(
+        self,
+        tensors: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        peer_decoders: frozenset[str],
+        kind: str = "data",
+    ) -> EncodedMessage:
+        """Encode with this endpoint's codecs, keeping to those the peer can decode."""
+        selector = self.selector
+
+        def allowed(name: str, arr: Any) -> list[Any]:
+            chain = list(selector(name, arr))
+            return chain if all(c.get_config()["id"] in peer_decoders for c in chain) else []
+
+        return encode_message(tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind)
+
+    def _note_send(
+        self, peer: str, enc: EncodedMessage, wire_s: float, started: float
+    ) -> TransferRecord:
+        if isinstance(self.selector, AutoCodec) and enc.nbytes >= 1 << 20 and wire_s > 0:
+            self.selector.update_bandwidth(enc.nbytes / wire_s)
+        rec = TransferRecord(
+            direction="send",
+            peer=peer,
+            protocol=self.protocol,
+            kind="data",
+            tensors=len(enc.buffers),
+            bytes_raw=enc.raw_nbytes,
+            bytes_encoded=enc.nbytes,
+            codecs=enc.codec_label,
+            encode_s=enc.encode_s,
+            wire_s=wire_s,
+            decode_s=0.0,
+            wall_s=time.perf_counter() - started,
+            e2e_s=None,
+            started_at=enc.t0,
+        )
+        self.records.append(rec)
+        return rec
+
+    def _note_recv(self, peer: str, msg: Message) -> TransferRecord:
+        rec = TransferRecord(
+            direction="recv",
+            peer=peer,
+            protocol=self.protocol,
+            kind=msg.kind,
+            tensors=msg.n_tensors,
+            bytes_raw=msg.nbytes,
+            bytes_encoded=msg.wire_nbytes,
+            codecs=msg.codec_label,
+            encode_s=0.0,
+            wire_s=max(msg.recv_s - msg.decode_s, 0.0),
+            decode_s=msg.decode_s,
+            wall_s=msg.recv_s,
+            e2e_s=(time.time() - msg.t0) if msg.t0 is not None else None,
+            started_at=time.time() - msg.recv_s,
+        )
+        self.records.append(rec)
+        msg.record = rec
+        return rec
+
+
+class Hub(_Endpoint):
+    """The server side: clients join it; it broadcasts, sends, receives and gathers.
+
+    Use as a context manager. ``on_join(client_id)`` / ``on_leave(client_id, reason)``
+    are called from transport threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        codec: Any = "auto",
+        checksum: bool = True,
+        limits: Limits = Limits(),
+        on_join: Callable[[str], None] | None = None,
+        on_leave: Callable[[str, str], None] | None = None,
+    ) -> None:
+        super().__init__(codec, checksum, limits)
+        self.on_join = on_join
+        self.on_leave = on_leave
+        self.errors: list[tuple[str, Exception]] = []
+        self._cond = threading.Condition()
+        self._members: dict[str, frozenset[str]] = {}  # client id -> codecs it decodes
+        self._inbox: deque[tuple[str, Message]] = deque()
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tensorwire-send")
+
+    # -- what transports implement ---------------------------------------------------
+
+    url: str
+
+    def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
+        raise NotImplementedError
+
+    def _close_transport(self) -> None:
+        raise NotImplementedError
+
+    # -- called by transport threads -----------------------------------------------------
+
+    def _joined(self, client_id: str, decoders: frozenset[str]) -> None:
+        with self._cond:
+            self._members[client_id] = decoders
+            self._cond.notify_all()
+        log.info("%s: client %r joined", self.protocol, client_id)
+        if self.on_join:
+            self.on_join(client_id)
+
+    def _left(self, client_id: str, reason: str) -> None:
+        with self._cond:
+            if self._members.pop(client_id, None) is None:
+                return
+            self._cond.notify_all()
+        log.info("%s: client %r left: %s", self.protocol, client_id, reason)
+        if self.on_leave:
+            self.on_leave(client_id, reason)
+
+    def _delivered(self, client_id: str, msg: Message) -> None:
+        self._note_recv(client_id, msg)
+        with self._cond:
+            self._inbox.append((client_id, msg))
+            self._cond.notify_all()
+
+    def _rejected(self, client_id: str, exc: Exception) -> None:
+        log.warning("%s: dropped a message from %r: %s", self.protocol, client_id, exc)
+        self.errors.append((client_id, exc))
+
+    # -- public API ------------------------------------------------------------------
+
+    @property
+    def clients(self) -> list[str]:
+        """Ids of the clients connected now, sorted."""
+        with self._cond:
+            return sorted(self._members)
+
+    def wait_for(self, n: int, timeout: float | None = None) -> list[str]:
+        """Block until at least ``n`` clients have joined; return their ids."""
+        deadline = deadline_after(timeout)
+        with self._cond:
+            while len(self._members) < n:
+                left = remaining(deadline)
+                if left == 0.0:
+                    raise TransportTimeout(
+                        f"only {len(self._members)} of {n} clients joined within {timeout} s: "
+                        f"{sorted(self._members)}"
+                    )
+                self._cond.wait(left)
+            return sorted(self._members)
+
+    def send(
+        self,
+        client_id: str,
+        tensors: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> TransferRecord:
+        """Send one message to one client; return its transfer record."""
+        with self._cond:
+            decoders = self._members.get(client_id)
+        if decoders is None:
+            raise PeerGone(f"client {client_id!r} is not connected (connected: {self.clients})")
+        started = time.perf_counter()
+        enc = self._encode_for(tensors, meta, decoders)
+        return self._send_one(client_id, enc, deadline_after(timeout), started)
+
+    def _send_one(
+        self, client_id: str, enc: EncodedMessage, deadline: float | None, started: float
+    ) -> TransferRecord:
+        t = time.perf_counter()
+        self._send_encoded(client_id, enc, deadline)
+        return self._note_send(client_id, enc, time.perf_counter() - t, started)
+
+    def broadcast(
+        self,
+        tensors: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        clients: list[str] | None = None,
+    ) -> dict[str, TransferRecord]:
+        """Send one message to every client (or to ``clients``), concurrently.
+
+        The message is encoded once per set of codecs the clients can decode. A client whose
+        send fails is reported in :attr:`errors` and left out of the result.
+        """
+        started = time.perf_counter()
+        deadline = deadline_after(timeout)
+        with self._cond:
+            targets = {c: d for c, d in self._members.items() if clients is None or c in clients}
+        encoded: dict[frozenset[str], EncodedMessage] = {}
+        for decoders in set(targets.values()):
+            encoded[decoders] = self._encode_for(tensors, meta, decoders)
+        futures = {
+            c: self._pool.submit(self._send_one, c, encoded[d], deadline, started)
+            for c, d in targets.items()
+        }
+        out: dict[str, TransferRecord] = {}
+        for c, fut in futures.items():
+            try:
+                out[c] = fut.result()
+            except Exception as exc:
+                log.warning("%s: broadcast to %r failed: %s", self.protocol, c, exc)
+                self.errors.append((c, exc))
+        return out
+
+    def recv(self, timeout: float | None = None) -> tuple[str, Message]:
+        """The next message from any client, as ``(client_id, message)``."""
+        deadline = deadline_after(timeout)
+        with self._cond:
+            while not self._inbox:
+                left = remaining(deadline)
+                if left == 0.0 or self._closed:
+                    raise TransportTimeout(f"no message within {timeout} s")
+                self._cond.wait(left)
+            return self._inbox.popleft()
+
+    def gather(
+        self, timeout: float | None = None, clients: list[str] | None = None
+    ) -> Iterator[tuple[str, Message]]:
+        """Yield one message from each client (default: all connected now), as they arrive.
+
+        A client that leaves meanwhile is no longer waited for. Messages from clients already
+        answered stay queued for the next ``recv``/``gather``. Raises ``GatherTimeout`` (with
+        ``.missing``) when ``timeout`` seconds pass first.
+        """
+        deadline = deadline_after(timeout)
+        waiting = set(self.clients if clients is None else clients)
+        while waiting:
+            with self._cond:
+                found = next((i for i, (c, _) in enumerate(self._inbox) if c in waiting), None)
+                if found is None:
+                    gone = waiting - self._members.keys()
+                    if gone:
+                        log.warning(
+                            "%s: gather stops waiting for %s: left", self.protocol, sorted(gone)
+                        )
+                        waiting -= gone
+                        continue
+                    left = remaining(deadline)
+                    if left == 0.0 or self._closed:
+                        raise GatherTimeout(
+                            f"gather timed out after {timeout} s waiting for {sorted(waiting)}",
+                            missing=sorted(waiting),
+                        )
+                    self._cond.wait(left)
+                    continue
+                client, msg = self._inbox[found]
+                del self._inbox[found]
+            waiting.discard(client)
+            yield client, msg
+
+    def close(self) -> None:
+        """Say goodbye to every client, stop the transport's threads, free the port."""
+        if self._closed:
+            return
+        self._close_transport()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Hub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Channel(_Endpoint):
+    """The client side: one connection to a hub. Use as a context manager."""
+
+    client_id: str
+    hub_decoders: frozenset[str]
+
+    def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
+        raise NotImplementedError
+
+    def _recv_message(self, deadline: float | None, out: Any) -> Message:
+        raise NotImplementedError
+
+    def send(
+        self,
+        tensors: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> TransferRecord:
+        """Send one message to the hub; return its transfer record."""
+        started = time.perf_counter()
+        enc = self._encode_for(tensors, meta, self.hub_decoders)
+        t = time.perf_counter()
+        self._send_encoded(enc, deadline_after(timeout))
+        return self._note_send("hub", enc, time.perf_counter() - t, started)
+
+    def recv(
+        self, timeout: float | None = None, *, out: Mapping[Any, Any] | None = None
+    ) -> Message:
+        """The next message from the hub.
+
+        ``out`` (nested like the message, or keyed by name-path tuples) holds arrays to decode
+        into where dtype, shape and order match; others get new arrays.
+        """
+        msg = self._recv_message(deadline_after(timeout), _out_by_path(out))
+        self._note_recv("hub", msg)
+        return msg
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _out_by_path(out: Mapping[Any, Any] | None) -> dict[tuple[str, ...], Any] | None:
+    """Accept ``out`` as a nested mapping, a flat mapping of "a/b" names, or of path tuples."""
+    if out is None:
+        return None
+    flat: dict[tuple[str, ...], Any] = {}
+
+    def walk(node: Mapping[Any, Any], prefix: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            path = key if isinstance(key, tuple) else (*prefix, key)
+            if isinstance(value, Mapping):
+                walk(value, path)
+            else:
+                flat[path] = value
+
+    walk(out, ())
+    return flat
