@@ -1,0 +1,3 @@
+from tensorwire.cli.app import main
+
+main()

@@ -1,0 +1,49 @@
+"""Benchmark results: printed as rich tables, written as CSV and Parquet (via pyarrow)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet
+from rich.console import Console
+from rich.table import Table
+
+
+def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, name: str) -> list[Path]:
+    """Write ``rows`` to ``out_dir/name.csv`` and ``.parquet``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows))
+    csv_path, parquet_path = out_dir / f"{name}.csv", out_dir / f"{name}.parquet"
+    pyarrow.csv.write_csv(table, csv_path)
+    pyarrow.parquet.write_table(table, parquet_path)
+    return [csv_path, parquet_path]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_table(
+    rows: Sequence[dict[str, Any]],
+    title: str,
+    columns: Sequence[str],
+    console: Console | None = None,
+) -> None:
+    """Print the chosen columns of ``rows`` as a table."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(
+            col,
+            justify="left" if col in ("case", "transport", "codec", "dtype", "shape") else "right",
+        )
+    for row in rows:
+        table.add_row(*(_fmt(row.get(c, "")) for c in columns))
+    (console or Console()).print(table)

@@ -1,0 +1,1 @@
+"""The ``tensorwire`` command (see ``tensorwire.cli.app``)."""

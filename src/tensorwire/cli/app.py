@@ -1,0 +1,151 @@
+"""The ``tensorwire`` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+import tensorwire
+
+app = typer.Typer(
+    help="Move tensors fast over the protocols you deploy, and measure which one wins.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+bench_app = typer.Typer(
+    help="Benchmarks that compare with a baseline in the same run.", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+# Tables are wide: off a terminal (CI logs, pipes) print them 160 columns wide, not rich's 80.
+console = Console(width=shutil.get_terminal_size((160, 24)).columns)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"tensorwire {tensorwire.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """tensorwire: tensors over TCP, UDP, ZeroMQ, MQTT, AMQP, Arrow Flight and shared memory."""
+
+
+def _out_dir(out: Path | None, name: str) -> Path:
+    return out or Path("results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a shape like 1000x1000") from None
+
+
+@bench_app.command("transfer")
+def bench_transfer_cmd(
+    repeat: Annotated[int, typer.Option(min=1, help="Timed runs per case (median reported).")] = 7,
+    dtypes: Annotated[
+        str, typer.Option(help="Comma-separated dtypes.")
+    ] = "float16,float32,float64",
+    shapes: Annotated[
+        str, typer.Option(help="Comma-separated shapes.")
+    ] = "100x100,200x200,500x500,1000x1000,3000x3000",
+    big_mib: Annotated[int, typer.Option(help="Size of the throughput case, MiB (0 skips).")] = 128,
+    rss_gib: Annotated[
+        float, typer.Option(help="Tensor size for the receiver-memory case, GiB (0 skips).")
+    ] = 1.0,
+    codec: Annotated[
+        str, typer.Option(help="tensorwire codec: auto, none, lz4, zstd, ...")
+    ] = "auto",
+    out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
+) -> None:
+    """tensorwire over TCP vs a raw socket: GSoC table, 128 MiB throughput, receiver memory."""
+    from tensorwire.bench.tables import print_table, write_rows
+    from tensorwire.bench.transfer import bench_receiver_memory, bench_transfer
+
+    rows = bench_transfer(
+        dtypes=[d.strip() for d in dtypes.split(",") if d.strip()],
+        shapes=[_shape(s) for s in shapes.split(",") if s.strip()],
+        repeat=repeat,
+        big_mib=big_mib,
+        codec=None if codec.lower() in ("none", "raw") else codec,
+    )
+    cols = ["case", "transport", "dtype", "shape", "bytes", "median_ms", "gb_per_s", "vs_raw"]
+    print_table(rows, f"Transfer over loopback, median of {repeat} runs", cols, console)
+    big = {r["transport"]: r for r in rows if r["case"] == "throughput"}
+    if big:
+        ratio = big["tensorwire-tcp"]["vs_raw"]
+        verdict = "[green]met[/]" if ratio >= 0.9 else "[red]missed[/]"
+        console.print(
+            f"{big_mib} MiB float32: tensorwire {big['tensorwire-tcp']['gb_per_s']:.2f} GB/s, "
+            f"raw socket {big['raw-socket']['gb_per_s']:.2f} GB/s -> {ratio:.2f}x "
+            f"(target >= 0.9x: {verdict})"
+        )
+    out_dir = _out_dir(out, "bench-transfer")
+    paths = write_rows(rows, out_dir, "transfer")
+    if rss_gib > 0:
+        mem = bench_receiver_memory(rss_gib)
+        growth_gib = mem["rss_growth_bytes"] / (1 << 30)
+        verdict = "[green]met[/]" if mem["growth_per_byte"] <= 1.25 else "[red]missed[/]"
+        console.print(
+            f"receiver of a {rss_gib:g} GiB tensor: peak RSS grew {growth_gib:.3f} GiB "
+            f"({mem['growth_per_byte']:.3f}x the tensor; target <= 1.25x: {verdict})"
+        )
+        paths += write_rows([mem], out_dir, "receiver_memory")
+    console.print(f"results: {', '.join(str(p) for p in paths)}")
+
+
+@bench_app.command("codec")
+def bench_codec_cmd(
+    repeat: Annotated[int, typer.Option(min=1, help="Timed runs per case (median reported).")] = 5,
+    out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
+) -> None:
+    """tensorwire codecs vs lz4 / zstd / blosc2 called directly (the Dask case), and auto."""
+    from tensorwire.bench.codec import bench_auto_incompressible, bench_codecs
+    from tensorwire.bench.tables import print_table, write_rows
+
+    rows = bench_codecs(repeat)
+    cols = [
+        "codec",
+        "ratio",
+        "encode_ms",
+        "library_encode_ms",
+        "encode_vs_library",
+        "decode_ms",
+        "library_decode_ms",
+        "decode_vs_library",
+        "message_encode_ms",
+        "message_decode_ms",
+    ]
+    print_table(rows, f"np.ones((4096, 4096)) float64, 128 MiB, median of {repeat}", cols, console)
+    auto = bench_auto_incompressible(repeat)
+    print_table(
+        [auto],
+        "auto on np.random.random((4096, 4096))",
+        [
+            "codec",
+            "select_ms",
+            "auto_encode_ms",
+            "raw_encode_ms",
+            "auto_vs_raw",
+            "wire_ms_at_bandwidth",
+        ],
+        console,
+    )
+    out_dir = _out_dir(out, "bench-codec")
+    paths = write_rows(rows, out_dir, "codec") + write_rows([auto], out_dir, "auto")
+    console.print(f"results: {', '.join(str(p) for p in paths)}")
+
+
+def main() -> None:
+    app()
