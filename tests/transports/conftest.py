@@ -1,30 +1,56 @@
-"""Fixtures for the transport conformance suite: one hub per test, any number of channels."""
+"""Fixtures for the transport conformance suite: one hub per test, any number of channels.
+
+Each transport under test has a module in ``tests/transports/schemes/`` with ``SCHEME`` and
+``hub_url(request) -> str`` (a URL to serve a fresh hub on; it calls ``pytest.skip`` with the
+reason when what the transport needs, a broker say, cannot be had). Adding a transport to
+the suite is adding such a module.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 import tensorwire
 
-# Every registered scheme is added here as its transport lands.
-SCHEMES = ["tcp"]
 
-URLS = {"tcp": "tcp://127.0.0.1:0"}
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"tw_scheme_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-@pytest.fixture(params=SCHEMES)
+SCHEMES = {
+    mod.SCHEME: mod
+    for mod in map(_load, sorted((Path(__file__).parent / "schemes").glob("[!_]*.py")))
+}
+
+
+@pytest.fixture(params=sorted(SCHEMES))
 def scheme(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
 @pytest.fixture
-def make_hub(scheme: str) -> Iterator[Callable[..., tensorwire.Hub]]:
+def scheme_module(scheme: str) -> ModuleType:
+    """The scheme's module in tests/transports/schemes (hub_url, inject_garbage, ...)."""
+    return SCHEMES[scheme]
+
+
+@pytest.fixture
+def make_hub(
+    scheme: str, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., tensorwire.Hub]]:
     hubs: list[tensorwire.Hub] = []
 
     def make(**options) -> tensorwire.Hub:
-        hub = tensorwire.serve(URLS[scheme], **options)
+        hub = tensorwire.serve(SCHEMES[scheme].hub_url(request), **options)
         hubs.append(hub)
         return hub
 

@@ -263,3 +263,25 @@ def test_one_gib_message(make_hub, connect):
     got = result["msg"]["big"]
     assert got.nbytes == 1 << 30 and np.array_equal(got[:: 1 << 16], big[:: 1 << 16])
     assert np.array_equal(got, big)
+
+
+def test_garbage_at_the_transport_level_is_dropped_and_others_served(
+    scheme, scheme_module, make_hub, connect
+):
+    inject = getattr(scheme_module, "inject_garbage", None)
+    if inject is None:
+        pytest.fail(f"tests/transports/schemes/{scheme}.py lacks inject_garbage()")
+    hub = make_hub()
+    good = connect(hub.url, client_id="good")
+    hub.wait_for(1, timeout=T)
+    inject(hub.url)
+    deadline = time.monotonic() + T
+    while not hub.errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hub.errors, "the garbage was neither reported nor refused"
+    assert all(isinstance(e, tensorwire.WireError) for _, e in hub.errors)
+    assert "good" in hub.clients
+    hub.send("good", {"v": np.arange(3)})
+    _assert_same(good.recv(timeout=T)["v"], np.arange(3))
+    good.send({"v": np.arange(2)})
+    assert hub.recv(timeout=T)[0] == "good"

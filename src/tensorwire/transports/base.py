@@ -15,9 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tensorwire.codecs import AutoCodec, available_codecs, resolve_codecs
+from tensorwire.codecs import AutoCodec, available_codecs, get_codec, resolve_codecs
 from tensorwire.errors import GatherTimeout, PeerGone, TransportTimeout
-from tensorwire.wire import CodecSelector, EncodedMessage, Limits, Message, encode_message
+from tensorwire.wire import (
+    CodecSelector,
+    EncodedMessage,
+    Limits,
+    Message,
+    decode_message,
+    encode_message,
+)
 
 log = logging.getLogger("tensorwire.transports")
 
@@ -112,6 +119,16 @@ class _Endpoint:
         )
         self.records.append(rec)
         return rec
+
+    def _decode_whole(self, buf: Any, first_byte_at: float, out: Any = None) -> Message:
+        """Decode a message a transport received whole (or reassembled from chunks).
+
+        ``first_byte_at`` is ``time.perf_counter()`` when its first byte (or chunk) arrived;
+        raw tensors stay views of ``buf`` unless ``out`` holds arrays for them.
+        """
+        msg = decode_message(buf, limits=self.limits, codec_lookup=get_codec, out=out)
+        msg.recv_s = time.perf_counter() - first_byte_at
+        return msg
 
     def _note_recv(self, peer: str, msg: Message) -> TransferRecord:
         rec = TransferRecord(
@@ -263,21 +280,42 @@ class Hub(_Endpoint):
         deadline = deadline_after(timeout)
         with self._cond:
             targets = {c: d for c, d in self._members.items() if clients is None or c in clients}
-        encoded: dict[frozenset[str], EncodedMessage] = {}
-        for decoders in set(targets.values()):
-            encoded[decoders] = self._encode_for(tensors, meta, decoders)
-        futures = {
-            c: self._pool.submit(self._send_one, c, encoded[d], deadline, started)
-            for c, d in targets.items()
-        }
+        groups: dict[frozenset[str], list[str]] = {}
+        for c, decoders in targets.items():
+            groups.setdefault(decoders, []).append(c)
         out: dict[str, TransferRecord] = {}
+        for decoders, members in groups.items():
+            enc = self._encode_for(tensors, meta, decoders)
+            for c, result in self._send_many(members, enc, deadline).items():
+                if isinstance(result, Exception):
+                    log.warning("%s: broadcast to %r failed: %s", self.protocol, c, result)
+                    self.errors.append((c, result))
+                else:
+                    out[c] = self._note_send(c, enc, result, started)
+        return out
+
+    def _send_many(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """Send ``enc`` to each client; return its wire seconds, or the exception it raised.
+
+        Concurrent unicast sends by default; transports with native fan-out (an MQTT topic,
+        an AMQP fanout exchange, a ZeroMQ PUB socket) override this to publish once.
+        """
+
+        def timed(c: str) -> float:
+            t = time.perf_counter()
+            self._send_encoded(c, enc, deadline)
+            return time.perf_counter() - t
+
+        futures = {c: self._pool.submit(timed, c) for c in clients}
+        results: dict[str, float | Exception] = {}
         for c, fut in futures.items():
             try:
-                out[c] = fut.result()
+                results[c] = fut.result()
             except Exception as exc:
-                log.warning("%s: broadcast to %r failed: %s", self.protocol, c, exc)
-                self.errors.append((c, exc))
-        return out
+                results[c] = exc
+        return results
 
     def recv(self, timeout: float | None = None) -> tuple[str, Message]:
         """The next message from any client, as ``(client_id, message)``."""
