@@ -1,23 +1,17 @@
 """The receiving side of ``tensorwire bench transfer``, run as its own process.
 
 ``python -m tensorwire.bench.peer [--cpu N] tw URL CLIENT_ID reuse|fresh`` receives tensorwire
-messages (into the previous message's arrays with ``reuse``) and acks each one with its resident
-memory before the message and its peak after, bytes;
-``python -m tensorwire.bench.peer [--cpu N] raw HOST PORT`` does the same with a plain socket: an
-8-byte length, then ``recv_into`` one preallocated (and reused) buffer, then a 1-byte ack.
+messages (into the previous message's arrays with ``reuse``) and acks each one with its
+resident memory before the message and its peak after, bytes;
+``python -m tensorwire.bench.peer [--cpu N] baseline MODULE ARGS...`` runs the receiver of the
+baseline ``tensorwire.bench.baselines.MODULE``.
 """
 
 from __future__ import annotations
 
 import os
 import resource
-import socket
-import struct
 import sys
-
-import numpy as np
-
-_LEN = struct.Struct("<Q")
 
 
 def _peak_rss_bytes() -> int:
@@ -33,7 +27,7 @@ def run_tensorwire(url: str, client_id: str, reuse: bool) -> None:
     import tensorwire
     from tensorwire.errors import PeerGone
 
-    with tensorwire.connect(url, client_id=client_id, codec=None) as ch:
+    with tensorwire.connect(url, client_id=client_id, codec=None, timeout=120) as ch:
         out = None
         while True:
             before = _rss_bytes()
@@ -47,40 +41,18 @@ def run_tensorwire(url: str, client_id: str, reuse: bool) -> None:
             del msg
 
 
-def run_raw(host: str, port: int) -> None:
-    sock = socket.create_connection((host, port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    header = bytearray(_LEN.size)
-    buf = np.empty(0, np.uint8)
-    while True:
-        if not _recv_exact(sock, memoryview(header)):
-            return
-        (n,) = _LEN.unpack(header)
-        if buf.nbytes != n:
-            buf = np.empty(n, np.uint8)
-        if not _recv_exact(sock, memoryview(buf)):
-            return
-        sock.sendall(b"k")
-
-
-def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if not n:
-            return False
-        got += n
-    return True
-
-
 def main(argv: list[str]) -> None:
     if argv[0] == "--cpu":
         os.sched_setaffinity(0, {int(argv[1])})
         argv = argv[2:]
     if argv[0] == "tw":
         run_tensorwire(argv[1], argv[2], reuse=argv[3] == "reuse")
+    elif argv[0] == "baseline":
+        from tensorwire.bench import baselines
+
+        baselines.load(argv[1]).receive(argv[2:])
     else:
-        run_raw(argv[1], int(argv[2]))
+        raise SystemExit(f"unknown peer kind {argv[0]!r}: use tw or baseline")
 
 
 if __name__ == "__main__":

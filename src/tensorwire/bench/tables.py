@@ -18,12 +18,15 @@ def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, name: str) -> list
     out_dir.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(list(rows))
     csv_path, parquet_path = out_dir / f"{name}.csv", out_dir / f"{name}.parquet"
-    pyarrow.csv.write_csv(table, csv_path)
+    flat = [i for i, f in enumerate(table.schema) if not pa.types.is_nested(f.type)]
+    pyarrow.csv.write_csv(table.select(flat), csv_path)  # CSV has no lists: Parquet keeps them
     pyarrow.parquet.write_table(table, parquet_path)
     return [csv_path, parquet_path]
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, int) and not isinstance(value, bool):

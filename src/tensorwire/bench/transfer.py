@@ -1,13 +1,15 @@
-"""``tensorwire bench transfer``: tensorwire over TCP against a raw socket, same run, same data.
+"""``tensorwire bench transfer``: tensorwire over every transport against the peers used directly.
 
 Each trial is one tensor from this process to a receiver process plus a small ack back, timed
-here from the start of the send to the ack. The raw baseline is what a careful hand-written
-sender does: ``sendall`` of the array's memoryview after an 8-byte length, and ``recv_into``
-a preallocated buffer that is reused. The tensorwire receiver decodes into the previous
-message's arrays (``recv(out=...)``), its equivalent of that reuse.
+here from the start of the send to the ack. tensorwire trials send through a hub to a channel
+that decodes into the previous message's arrays (``recv(out=...)``); baseline trials use a
+library directly, the way its users do (``tensorwire.bench.baselines``): a raw socket doing
+``sendall`` / ``recv_into`` a reused buffer, pyzmq with ``copy=False``, pyarrow Flight, paho +
+Mosquitto, pika + RabbitMQ.
 
-Trials of the two alternate, so a slow spell of the machine hits both; ``ratio`` is the
-median over those pairs. With two or more CPUs the sender is pinned to the first and the
+All trials of a case alternate, so a slow spell of the machine hits all of them alike;
+``vs_baseline`` is the median over those rounds of baseline time / tensorwire time (> 1: faster
+than the library it wraps). With two or more CPUs the sender is pinned to the first and the
 receivers to the last, as two hosts would be: left to the scheduler, a receiver that lands on
 the sender's CPU halves the throughput of whichever trial it happens to.
 """
@@ -16,25 +18,56 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import tensorwire
+from tensorwire.bench import baselines
 from tensorwire.bench.progress import progress_bar
 
 GSOC_DTYPES = ("float16", "float32", "float64")
 GSOC_SHAPES = ((100, 100), (200, 200), (500, 500), (1000, 1000), (3000, 3000))
-_LEN = struct.Struct("<Q")
-_ACK_TIMEOUT = 120.0
+_ACK_TIMEOUT = 300.0
+
+# The library each transport wraps, as a baseline module in tensorwire.bench.baselines.
+WRAPPED_LIBRARY = {
+    "tcp": "socket",
+    "udp": "socket",
+    "zmq": "pyzmq",
+    "mqtt": "paho",
+    "amqp": "pika",
+    "flight": "arrow_flight",
+    "shm": "shm_memcpy",
+}
+
+
+@contextlib.contextmanager
+def local_hub_url(transport: str) -> Iterator[str]:
+    """A URL to serve a benchmark hub on this machine; brokers are started if none answers."""
+    tag = f"twbench-{uuid.uuid4().hex[:8]}"
+    if transport == "mqtt":
+        from tensorwire.transports.brokers.mosquitto import ensure_mosquitto
+
+        with ensure_mosquitto(f"mqtt://127.0.0.1:1883/{tag}") as url:
+            yield url
+    elif transport == "amqp":
+        from tensorwire.transports.brokers.rabbitmq import ensure_rabbitmq
+
+        with ensure_rabbitmq(f"amqp://guest:guest@127.0.0.1:5672/%2F?prefix={tag}") as url:
+            yield url
+    elif transport == "shm":
+        yield f"shm://{tag}"
+    else:
+        scheme = "zmq+tcp" if transport == "zmq" else transport
+        yield f"{scheme}://127.0.0.1:0"
 
 
 @dataclass
@@ -43,19 +76,21 @@ class TransferTrial:
 
     name: str
     once: Callable[[np.ndarray], float]
+    baseline: str | None = None  # the trial this one is compared with
 
 
 def _cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
+def spawn_peer(*args: str) -> subprocess.Popen[bytes]:
+    """Start a receiver process (``tensorwire.bench.peer``), on the last CPU when there are 2+."""
     pin = ["--cpu", str(_cpus()[-1])] if len(_cpus()) > 1 else []
     return subprocess.Popen([sys.executable, "-m", "tensorwire.bench.peer", *pin, *args])
 
 
 @contextlib.contextmanager
-def pinned_sender() -> Any:
+def pinned_sender() -> Iterator[None]:
     """Run this thread (and the threads it starts) on the first CPU only, if there are two+."""
     before = os.sched_getaffinity(0)
     if len(before) > 1:
@@ -67,49 +102,60 @@ def pinned_sender() -> Any:
 
 
 class TransferRig:
-    """A tensorwire hub and a raw socket server, each with its own receiver process."""
+    """Hubs for the chosen transports and senders for the chosen baselines, each with a receiver."""
 
-    def __init__(self, codec: Any = "auto") -> None:
-        self.hub = tensorwire.serve("tcp://127.0.0.1:0", codec=codec)
-        self._procs = [_spawn("tw", self.hub.url, "bench-peer", "reuse")]
-        self.hub.wait_for(1, timeout=60)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._procs.append(_spawn("raw", "127.0.0.1", str(self._listener.getsockname()[1])))
-        self._listener.settimeout(60)
-        self._raw, _ = self._listener.accept()
-        self._raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._ack = bytearray(1)
+    def __init__(
+        self, transports: Iterable[str], baseline_modules: Iterable[str], codec: Any = "auto"
+    ) -> None:
+        self._stack = contextlib.ExitStack()
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self.trials: list[TransferTrial] = []
+        try:
+            for module in baseline_modules:
+                self._add_baseline(module)
+            for transport in transports:
+                self._add_transport(transport, codec)
+        except BaseException:
+            self.close()
+            raise
 
-    def tensorwire_once(self, arr: np.ndarray) -> float:
-        t = time.perf_counter()
-        self.hub.send("bench-peer", {"x": arr})
-        self.hub.recv(timeout=_ACK_TIMEOUT)
-        return time.perf_counter() - t
+    def _add_baseline(self, module: str) -> None:
+        mod = baselines.load(module)
+        sender = mod.Sender()
+        self._stack.callback(sender.close)
+        self._procs.append(spawn_peer("baseline", module, *sender.receiver_args))
+        self.trials.append(TransferTrial(mod.NAME, sender.once))
 
-    def raw_once(self, arr: np.ndarray) -> float:
-        view = memoryview(arr.reshape(-1).view(np.uint8))
-        t = time.perf_counter()
-        self._raw.sendall(_LEN.pack(len(view)))
-        self._raw.sendall(view)
-        self._raw.recv_into(self._ack)
-        return time.perf_counter() - t
+    def _add_transport(self, transport: str, codec: Any) -> None:
+        url = self._stack.enter_context(local_hub_url(transport))
+        hub = self._stack.enter_context(tensorwire.serve(url, codec=codec))
+        self._procs.append(spawn_peer("tw", hub.url, "bench-peer", "reuse"))
+        hub.wait_for(1, timeout=120)
 
-    @property
-    def trials(self) -> list[TransferTrial]:
-        return [
-            TransferTrial("tensorwire-tcp", self.tensorwire_once),
-            TransferTrial("raw-socket", self.raw_once),
-        ]
+        def once(arr: np.ndarray) -> float:
+            t = time.perf_counter()
+            hub.send("bench-peer", {"x": arr}, timeout=_ACK_TIMEOUT)
+            hub.recv(timeout=_ACK_TIMEOUT)
+            return time.perf_counter() - t
+
+        library = WRAPPED_LIBRARY.get(transport)
+        names = {t.name for t in self.trials}
+        base = baselines.load(library).NAME if library else None
+        self.trials.append(
+            TransferTrial(f"tensorwire-{transport}", once, base if base in names else None)
+        )
 
     def close(self) -> None:
-        self.hub.close()
-        self._raw.close()
-        self._listener.close()
+        self._stack.close()
         for p in self._procs:
-            p.wait(timeout=30)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
-def _data(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
+def random_tensor(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
+    """Normal random data: what model weights and updates look like to a compressor."""
     rng = np.random.default_rng(seed)
     return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
 
@@ -128,50 +174,72 @@ def time_trials(
     return times
 
 
-def _rows(case: str, arr: np.ndarray, times: dict[str, list[float]]) -> list[dict[str, Any]]:
+def _paired_ratio(baseline: list[float], ours: list[float]) -> float:
+    return statistics.median(b / t for t, b in zip(ours, baseline, strict=True))
+
+
+def paired_ratio(rows: list[dict[str, Any]], baseline: str, ours: str, **case: Any) -> float | None:
+    """Median over rounds of ``baseline`` time / ``ours`` time in the rows matching ``case``
+    (e.g. ``dtype="float64", shape="3000x3000"``); None if either is missing."""
+    found = {
+        r["transport"]: r["times_ms"]
+        for r in rows
+        if all(r.get(k) == v for k, v in case.items()) and r["transport"] in (baseline, ours)
+    }
+    if baseline not in found or ours not in found:
+        return None
+    return _paired_ratio(found[baseline], found[ours])
+
+
+def _rows(
+    case: str, arr: np.ndarray, trials: list[TransferTrial], times: dict[str, list[float]]
+) -> list[dict[str, Any]]:
     rows = []
-    baseline = times["raw-socket"]
-    for name, ts in times.items():
+    for trial in trials:
+        ts = times[trial.name]
         med = statistics.median(ts)
-        rows.append(
-            {
-                "case": case,
-                "transport": name,
-                "dtype": str(arr.dtype),
-                "shape": "x".join(map(str, arr.shape)),
-                "bytes": arr.nbytes,
-                "runs": len(ts),
-                "median_ms": med * 1e3,
-                "min_ms": min(ts) * 1e3,
-                "gb_per_s": arr.nbytes / med / 1e9,
-                # > 1 is faster than the raw socket: median of per-pair throughput ratios
-                "vs_raw": statistics.median(b / t for t, b in zip(ts, baseline, strict=True)),
-            }
-        )
+        row = {
+            "case": case,
+            "transport": trial.name,
+            "dtype": str(arr.dtype),
+            "shape": "x".join(map(str, arr.shape)),
+            "bytes": arr.nbytes,
+            "runs": len(ts),
+            "median_ms": med * 1e3,
+            "min_ms": min(ts) * 1e3,
+            "gb_per_s": arr.nbytes / med / 1e9,
+            "baseline": trial.baseline or "",
+            "vs_baseline": _paired_ratio(times[trial.baseline], ts) if trial.baseline else None,
+            "times_ms": [t * 1e3 for t in ts],  # in trial order: pairs line up across trials
+        }
+        rows.append(row)
     return rows
 
 
 def bench_transfer(
     *,
+    transports: Iterable[str] = ("tcp",),
+    baseline_modules: Iterable[str] = ("socket",),
     dtypes: Iterable[str] = GSOC_DTYPES,
     shapes: Iterable[tuple[int, ...]] = GSOC_SHAPES,
     repeat: int = 7,
     big_mib: int = 128,
     codec: Any = "auto",
 ) -> list[dict[str, Any]]:
-    """Run the GSoC table and the big-tensor throughput case; one row per (case, transport)."""
+    """Run the GSoC table and the big-tensor throughput case; one row per (case, trial)."""
     cases = [("gsoc", dt, tuple(sh)) for dt in dtypes for sh in shapes]
     if big_mib:
         cases.append(("throughput", "float32", (big_mib << 18,)))  # big_mib MiB of float32
     rows: list[dict[str, Any]] = []
     with pinned_sender(), progress_bar() as bar:
-        rig = TransferRig(codec)
+        rig = TransferRig(transports, baseline_modules, codec)
         try:
             task = bar.add_task("transfer", total=len(cases))
             for case, dtype, shape in cases:
                 bar.update(task, description=f"{case} {dtype} {'x'.join(map(str, shape))}")
-                arr = _data(shape, dtype)
-                rows += _rows(case, arr, time_trials(rig.trials, arr, repeat))
+                arr = random_tensor(shape, dtype)
+                times = time_trials(rig.trials, arr, repeat)
+                rows += _rows(case, arr, rig.trials, times)
                 bar.advance(task)
         finally:
             rig.close()
@@ -183,7 +251,7 @@ def bench_receiver_memory(gib: float = 1.0) -> dict[str, Any]:
     nbytes = int(gib * (1 << 30)) // 4 * 4
     arr = np.ones(nbytes // 4, np.float32)
     with tensorwire.serve("tcp://127.0.0.1:0", codec=None) as hub:
-        proc = _spawn("tw", hub.url, "bench-rss", "fresh")
+        proc = spawn_peer("tw", hub.url, "bench-rss", "fresh")
         try:
             hub.wait_for(1, timeout=60)
             t = time.perf_counter()
