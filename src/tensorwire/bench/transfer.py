@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 import tensorwire
 from tensorwire.bench import baselines
 from tensorwire.bench.progress import progress_bar
+from tensorwire.transports.local import local_hub_url
 
 GSOC_DTYPES = ("float16", "float32", "float64")
 GSOC_SHAPES = ((100, 100), (200, 200), (500, 500), (1000, 1000), (3000, 3000))
@@ -47,27 +47,6 @@ WRAPPED_LIBRARY = {
     "flight": "arrow_flight",
     "shm": "shm_memcpy",
 }
-
-
-@contextlib.contextmanager
-def local_hub_url(transport: str) -> Iterator[str]:
-    """A URL to serve a benchmark hub on this machine; brokers are started if none answers."""
-    tag = f"twbench-{uuid.uuid4().hex[:8]}"
-    if transport == "mqtt":
-        from tensorwire.transports.brokers.mosquitto import ensure_mosquitto
-
-        with ensure_mosquitto(f"mqtt://127.0.0.1:1883/{tag}") as url:
-            yield url
-    elif transport == "amqp":
-        from tensorwire.transports.brokers.rabbitmq import ensure_rabbitmq
-
-        with ensure_rabbitmq(f"amqp://guest:guest@127.0.0.1:5672/%2F?prefix={tag}") as url:
-            yield url
-    elif transport == "shm":
-        yield f"shm://{tag}"
-    else:
-        scheme = "zmq+tcp" if transport == "zmq" else transport
-        yield f"{scheme}://127.0.0.1:0"
 
 
 @dataclass

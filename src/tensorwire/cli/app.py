@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 import tensorwire
+from tensorwire.cli.console import console
+from tensorwire.cli.fl import fl_app
 
 app = typer.Typer(
     help="Move tensors fast over the protocols you deploy, and measure which one wins.",
@@ -21,8 +21,7 @@ bench_app = typer.Typer(
     help="Benchmarks that compare with a baseline in the same run.", no_args_is_help=True
 )
 app.add_typer(bench_app, name="bench")
-# Tables are wide: off a terminal (CI logs, pipes) print them 160 columns wide, not rich's 80.
-console = Console(width=shutil.get_terminal_size((160, 24)).columns)
+app.add_typer(fl_app, name="fl")
 
 
 def _version(value: bool) -> None:

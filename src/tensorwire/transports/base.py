@@ -80,6 +80,11 @@ class _Endpoint:
         self.records: list[TransferRecord] = []
         self.decoders = available_codecs()
 
+    def set_codec(self, codec: Any) -> None:
+        """Use ``codec`` (anything ``codec=`` takes) for the messages sent from now on."""
+        self.codec_spec = codec
+        self.selector = resolve_codecs(codec)
+
     def _encode_for(
         self,
         tensors: Mapping[str, Any] | None,
