@@ -18,6 +18,11 @@ KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
         "channel": "tensorwire.transports.tcp.TcpChannel",
         "extra": None,
     },
+    "udp": {
+        "hub": "tensorwire.transports.udp.UdpHub",
+        "channel": "tensorwire.transports.udp.UdpChannel",
+        "extra": None,
+    },
 }
 
 

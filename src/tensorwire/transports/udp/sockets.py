@@ -1,0 +1,187 @@
+"""Sockets for udp://: big kernel buffers, the hub's UDP + TCP pair on one port, draining
+datagrams, reading control messages without blocking, and the control link's RTT."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
+from tensorwire.wire import NEED_DATA, Limits, Message, MessageStream
+
+log = logging.getLogger("tensorwire.transports.udp")
+
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)  # Linux values; Python lacks the names
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+MAX_DATAGRAM = 65535
+PAIR_ATTEMPTS = 32  # free UDP ports tried before giving up finding one whose TCP twin is free
+_TCP_INFO_RTT = struct.Struct("<II")  # tcpi_rtt, tcpi_rttvar (microseconds) at offset 68
+_TCP_INFO_RTT_OFFSET = 68
+
+CONTROL_LIMITS = Limits(max_header_bytes=1 << 20, max_message_bytes=8 << 20)
+"""Control messages are small: a NACK holds at most ``MAX_NACK_RANGES`` ranges."""
+
+
+def set_buffers(sock: socket.socket, nbytes: int) -> None:
+    """Ask for ``nbytes`` of kernel send and receive buffer; above ``net.core.[rw]mem_max``
+    only with CAP_NET_ADMIN (the FORCE options), else the kernel caps it quietly."""
+    for force, plain in ((SO_SNDBUFFORCE, socket.SO_SNDBUF), (SO_RCVBUFFORCE, socket.SO_RCVBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+        except OSError:  # not privileged: take what the sysctl allows
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
+
+
+def _family(host: str, port: int) -> tuple[socket.AddressFamily, Any]:
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    except socket.gaierror as exc:
+        raise TransportError(f"cannot resolve {host!r}: {exc}") from None
+    return family, address
+
+
+def bind_pair(host: str, port: int, buffer: int) -> tuple[socket.socket, socket.socket]:
+    """A UDP socket and a listening TCP socket on the same port number (port 0: any free).
+
+    The URL names one port; datagrams and the control connection both use it.
+    """
+    family, _ = _family(host, port)
+    last: OSError | None = None
+    for _ in range(PAIR_ATTEMPTS if port == 0 else 1):
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            udp.bind((host, port))
+            real = udp.getsockname()[1]
+            tcp = socket.create_server((host, real), family=family, backlog=128)
+        except OSError as exc:
+            udp.close()
+            last = exc
+            continue
+        set_buffers(udp, buffer)
+        udp.setblocking(False)
+        return udp, tcp
+    raise TransportError(f"cannot bind UDP and TCP port {port} on {host!r}: {last}")
+
+
+def connected_udp(host: str, port: int, buffer: int) -> socket.socket:
+    """A UDP socket connected to the hub: the kernel drops datagrams from anyone else."""
+    family, address = _family(host, port)
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    set_buffers(sock, buffer)
+    sock.connect(address)
+    sock.setblocking(False)
+    return sock
+
+
+def peer_key(address: Any) -> tuple[str, int]:
+    """(host, port) of a socket address, IPv4 or IPv6, to look senders up by."""
+    return address[0], address[1]
+
+
+def control_rtt(sock: socket.socket, fallback: float) -> float:
+    """The kernel's smoothed RTT of a TCP connection, seconds (``fallback`` where unknown)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        rtt_us, _ = _TCP_INFO_RTT.unpack_from(info, _TCP_INFO_RTT_OFFSET)
+    except (OSError, AttributeError, struct.error):
+        return fallback
+    return rtt_us / 1e6 if rtt_us else fallback
+
+
+def drain(
+    sock: socket.socket,
+    buf: bytearray,
+    handle: Callable[[memoryview, tuple[str, int], float], None],
+    budget: int,
+) -> int:
+    """Hand each queued datagram to ``handle(view, sender, now)`` until none is left or
+    ``budget`` were handled; return how many. ``sock`` must be non-blocking."""
+    view = memoryview(buf)
+    for i in range(budget):
+        try:
+            n, address = sock.recvfrom_into(buf)
+        except (BlockingIOError, InterruptedError):
+            return i
+        except ConnectionRefusedError:  # an ICMP error for an earlier send: the control
+            continue  # connection says whether the peer is gone
+        handle(view[:n], peer_key(address), time.perf_counter())
+    return budget
+
+
+def send_datagram(
+    sock: socket.socket,
+    parts: list[Any],
+    address: Any,
+    deadline: float | None,
+) -> None:
+    """Send one datagram made of ``parts`` (to ``address``, or the connected peer if None),
+    waiting for buffer space if the non-blocking socket has none."""
+    while True:
+        try:
+            if address is None:
+                sock.sendmsg(parts)
+            else:
+                sock.sendmsg(parts, (), 0, address)
+            return
+        except (BlockingIOError, InterruptedError):
+            pass
+        except ConnectionRefusedError:
+            raise PeerGone("the peer's UDP port refused the datagram: it is gone") from None
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:  # a full queue dropped it, like a lossy link would
+                return
+            raise TransportError(f"cannot send a datagram: {exc}") from None
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TransportTimeout("timed out waiting for room in the UDP send buffer")
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        poller.poll(None if left is None else max(int(left * 1000), 1))
+
+
+class ControlReader:
+    """Reads control messages from a TCP socket the I/O loop found readable, never blocking."""
+
+    def __init__(self, sock: socket.socket, limits: Limits = CONTROL_LIMITS) -> None:
+        self.sock = sock
+        self.stream = MessageStream(limits=limits)
+        self._buf = bytearray(64 << 10)
+
+    def read(self) -> list[Message | WireError]:
+        """The messages (or the errors of bad ones) the bytes available now complete, in
+        order; ``PeerGone`` at EOF or on reset. After a framing error ``stream.broken`` is
+        true and the connection is unusable: close it."""
+        try:
+            n = self.sock.recv_into(self._buf)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return []
+        except OSError as exc:
+            raise PeerGone(f"control connection lost: {exc}") from None
+        if not n:
+            raise PeerGone("control connection closed")
+        framing: WireError | None = None
+        try:
+            self.stream.receive_data(memoryview(self._buf)[:n])
+        except WireError as exc:
+            framing = exc
+        items: list[Message | WireError] = []
+        while True:
+            try:
+                event = self.stream.next_event()
+            except WireError as exc:
+                items.append(exc)
+                continue
+            if event is NEED_DATA:
+                break
+            items.append(event)  # type: ignore[arg-type]
+        if framing is not None:
+            items.append(framing)
+        return items

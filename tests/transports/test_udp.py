@@ -1,0 +1,367 @@
+"""udp:// beyond the conformance suite: options, pacing, loss in both modes.
+
+Loss is made two ways: on loopback by dropping chosen datagrams in the sender (exact and
+unprivileged), and in a pair of network namespaces this test creates, with nftables
+dropping 10 % of UDP packets at random on the receiving side (root only). For the latter
+this file is also the helper program that runs inside each namespace:
+``python tests/transports/test_udp.py hub|client ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorwire
+from tensorwire.errors import TransportError, TransportTimeout, TruncatedMessage
+from tensorwire.transports.udp import link as udp_link
+from tensorwire.transports.udp.options import parse_rate, parse_udp_url
+
+T = 20.0  # seconds: generous bound for anything that should take milliseconds
+_INDEX = struct.Struct("<I")  # a chunk's index, at offset 16 of its header
+
+
+def _drop_datagrams(monkeypatch, lose) -> list[int]:
+    """Make every sender skip the datagrams ``lose(message_id, index)`` picks; return the
+    list of indices skipped."""
+    real = udp_link.send_datagram
+    dropped: list[int] = []
+
+    def send(sock, parts, address, deadline):
+        head = bytes(parts[0][:40])
+        mid, index = struct.unpack_from("<Q", head, 8)[0], _INDEX.unpack_from(head, 16)[0]
+        if lose(mid, index):
+            dropped.append(index)
+            return
+        real(sock, parts, address, deadline)
+
+    monkeypatch.setattr(udp_link, "send_datagram", send)
+    return dropped
+
+
+def _serve(mode: str, **options):
+    return tensorwire.serve(f"udp://127.0.0.1:0?mode={mode}&mtu=1472", codec=None, **options)
+
+
+def test_url_options_round_trip_and_errors():
+    host, port, opts = parse_udp_url("udp://10.0.0.1:7000?mode=best-effort&mtu=9000&rate=5mbit")
+    assert (host, port, opts.mode) == ("10.0.0.1", 7000, "best-effort")
+    assert (opts.mtu, opts.rate) == (9000, 5e6)
+    assert parse_rate("250kbit") == 250e3 and parse_rate("1.5gbit") == 1.5e9
+    assert parse_udp_url("udp://h:1")[2].mtu == 1472
+    for bad in ("mode=sometimes", "mtu=40", "mtu=70000", "rate=fast", "rate=5mbps", "speed=1"):
+        with pytest.raises(TransportError):
+            parse_udp_url(f"udp://h:1?{bad}")
+    with _serve("best-effort") as hub:
+        _, port, opts = parse_udp_url(hub.url)
+        assert port > 0 and opts.mode == "best-effort" and opts.mtu == 1472
+
+
+def test_channel_refuses_a_mode_other_than_the_hubs():
+    with _serve("best-effort") as hub:
+        url = hub.url.replace("mode=best-effort", "mode=reliable")
+        with pytest.raises(TransportError, match="mode"):
+            tensorwire.connect(url, timeout=T)
+        with tensorwire.connect(hub.url.split("?")[0], timeout=T) as ch:
+            assert ch.mode == "best-effort"
+
+
+def test_pacing_keeps_to_the_rate():
+    rate = 20e6  # bits/s
+    data = np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8)
+    with tensorwire.serve("udp://127.0.0.1:0?mtu=1472&rate=20mbit", codec=None) as hub:
+        assert parse_udp_url(hub.url)[2].rate == rate
+        ch = tensorwire.connect(hub.url, client_id="p", timeout=T)
+        hub.wait_for(1, timeout=T)
+        t = time.perf_counter()
+        hub.send("p", {"d": data}, timeout=T)
+        elapsed = time.perf_counter() - t
+        assert np.array_equal(ch.recv(timeout=T)["d"], data)
+        ch.close()
+    expected = data.nbytes * 8 / rate  # 0.42 s
+    assert 0.9 * expected <= elapsed <= 10 * expected
+
+
+def test_reliable_resends_exactly_the_lost_datagrams(monkeypatch):
+    first_try: set[tuple[int, int]] = set()
+
+    def lose(mid: int, index: int) -> bool:  # the first copy of every 7th chunk, header too
+        if index % 7 or (mid, index) in first_try:
+            return False
+        first_try.add((mid, index))
+        return True
+
+    dropped = _drop_datagrams(monkeypatch, lose)
+    arr = np.random.default_rng(1).standard_normal(100_000).astype(np.float32)
+    with _serve("reliable") as hub:
+        ch = tensorwire.connect(hub.url, client_id="r", timeout=T)
+        hub.wait_for(1, timeout=T)
+        hub.send("r", {"w": arr}, timeout=T)
+        msg = ch.recv(timeout=T)
+        assert msg["w"].tobytes() == arr.tobytes()
+        assert msg.loss == {"w": 0.0}
+        assert hub.udp_stats.retransmits == len(dropped) > 0
+        assert hub.udp_stats.nack_rounds == 1
+        ch.send({"back": arr})  # and the other way
+        assert hub.recv(timeout=T)[1]["back"].tobytes() == arr.tobytes()
+        ch.close()
+
+
+def test_best_effort_keeps_previous_values_where_datagrams_were_lost(monkeypatch):
+    dropped = _drop_datagrams(monkeypatch, lambda mid, index: index % 10 == 3)
+    n = 100_000
+    rounds = [np.full(n, float(r + 1), np.float32) for r in range(3)]
+    with _serve("best-effort") as hub:
+        ch = tensorwire.connect(hub.url, client_id="b", timeout=T)
+        hub.wait_for(1, timeout=T)
+        previous = np.zeros(n, np.float32)  # no earlier round: lost ranges read zero
+        first = None
+        for r, arr in enumerate(rounds):
+            hub.send("b", {"w": arr, "step": np.array(r)}, timeout=T)
+            msg = ch.recv(timeout=T)
+            got = msg["w"]
+            first = got if first is None else first
+            assert got is first  # decoded in place into the previous round's array
+            new, kept = got == arr, got == previous
+            assert (new | kept).all() or (~new & ~kept).sum() <= 2 * len(dropped)
+            assert 0.07 < msg.loss["w"] < 0.13 and abs(msg.loss["w"] - kept.mean()) < 0.01
+            assert msg.loss["step"] == 0.0 and msg["step"] == r
+            previous = got.copy()
+        assert ch.udp_stats.partial_messages == 3
+        ch.close()
+
+
+def test_best_effort_message_whose_header_is_lost_raises(monkeypatch):
+    _drop_datagrams(monkeypatch, lambda mid, index: index == 0)  # both copies of it
+    with _serve("best-effort") as hub:
+        ch = tensorwire.connect(hub.url, client_id="h", timeout=T)
+        hub.wait_for(1, timeout=T)
+        hub.send("h", {"w": np.ones(10_000, np.float32)}, timeout=T)
+        with pytest.raises(TruncatedMessage):
+            ch.recv(timeout=T)
+        ch.close()
+
+
+def test_best_effort_uplink_loss_is_reported_to_the_hub(monkeypatch):
+    _drop_datagrams(monkeypatch, lambda mid, index: index == 5)
+    arr = np.arange(50_000, dtype=np.float64)
+    with _serve("best-effort") as hub:
+        ch = tensorwire.connect(hub.url, client_id="u", timeout=T)
+        hub.wait_for(1, timeout=T)
+        ch.send({"update": arr})
+        cid, msg = hub.recv(timeout=T)
+        assert cid == "u" and 0 < msg.loss["update"] < 0.01
+        assert hub.udp_stats.partial_messages == 1
+        ch.close()
+
+
+def test_best_effort_without_the_end_marker_finishes_after_the_idle_timeout(monkeypatch):
+    _drop_datagrams(monkeypatch, lambda mid, index: index == 2)
+    real = udp_link.Link.send_control
+
+    def no_sent(self, kind, meta, tensors=None):
+        if kind != "sent":  # as if the sender died between its last datagram and "sent"
+            real(self, kind, meta, tensors)
+
+    monkeypatch.setattr(udp_link.Link, "send_control", no_sent)
+    with _serve("best-effort") as hub:
+        ch = tensorwire.connect(hub.url, client_id="i", timeout=T)
+        hub.wait_for(1, timeout=T)
+        hub.send("i", {"w": np.ones(10_000, np.float32)}, timeout=T)
+        t = time.perf_counter()
+        msg = ch.recv(timeout=T)
+        assert udp_link.IDLE_FLOOR * 0.9 <= time.perf_counter() - t < T / 2
+        assert 0 < msg.loss["w"] < 0.1
+        ch.close()
+
+
+def test_reliable_send_through_a_dead_path_times_out_and_is_not_delivered(monkeypatch):
+    with _serve("reliable") as hub:
+        ch = tensorwire.connect(hub.url, client_id="d", timeout=T)
+        hub.wait_for(1, timeout=T)
+        with monkeypatch.context() as patch:
+            _drop_datagrams(patch, lambda mid, index: True)
+            with pytest.raises(TransportTimeout, match="resending"):
+                hub.send("d", {"w": np.ones(1000)}, timeout=T)
+            with pytest.raises(TransportTimeout):
+                hub.send("d", {"w": np.ones(1000)}, timeout=0.01)
+        with pytest.raises(TransportTimeout):
+            ch.recv(timeout=0.2)
+        hub.send("d", {"w": np.arange(3.0)}, timeout=T)  # the path is back
+        assert np.array_equal(ch.recv(timeout=T)["w"], np.arange(3.0))
+        ch.close()
+
+
+# -- 10 % random loss in a pair of network namespaces -----------------------------------
+
+NS_PREFIX = "twtest-"
+LOSS_PERCENT = 10
+HUB_IP, CLIENT_IP = "10.203.0.1", "10.203.0.2"
+NFLOATS = 1 << 20  # 4 MiB per message
+MESSAGES = 3
+RATE = "200mbit"
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=30, check=check)
+
+
+def _remove_stale_namespaces() -> None:
+    """Delete namespaces this test left behind in runs whose process is gone."""
+    listing = _run("ip", "netns", "list", check=False).stdout
+    for name in re.findall(rf"^({NS_PREFIX}(\d+)-udp\S*)", listing, re.M):
+        ns, pid = name
+        if not Path(f"/proc/{pid}").exists():
+            _run("ip", "netns", "del", ns, check=False)
+
+
+@contextlib.contextmanager
+def _namespace_pair():
+    """Hub and client namespaces joined by a veth pair; the client drops 10 % of UDP input."""
+    pid = os.getpid()
+    hub_ns, client_ns = f"{NS_PREFIX}{pid}-udph", f"{NS_PREFIX}{pid}-udpc"
+    _remove_stale_namespaces()
+    try:
+        _run("ip", "netns", "add", hub_ns)
+        _run("ip", "netns", "add", client_ns)
+        vh, vc = f"twuh{pid}"[:15], f"twuc{pid}"[:15]
+        _run("ip", "link", "add", vh, "netns", hub_ns, "type", "veth", "peer", "name", vc,
+             "netns", client_ns)  # fmt: skip
+        for ns, dev, ip in ((hub_ns, vh, HUB_IP), (client_ns, vc, CLIENT_IP)):
+            _run("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            _run("ip", "-n", ns, "link", "set", dev, "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+        rules = (
+            "table inet twtest_udp {\n chain input {\n"
+            "  type filter hook input priority 0; policy accept;\n"
+            f"  meta l4proto udp numgen random mod 100 < {LOSS_PERCENT} counter drop\n }}\n}}\n"
+        )
+        subprocess.run(["ip", "netns", "exec", client_ns, "nft", "-f", "-"], input=rules,
+                       text=True, check=True, timeout=30)  # fmt: skip
+        yield hub_ns, client_ns
+    finally:
+        _run("ip", "netns", "exec", client_ns, "nft", "delete", "table", "inet", "twtest_udp",
+             check=False)  # fmt: skip
+        _run("ip", "netns", "del", hub_ns, check=False)
+        _run("ip", "netns", "del", client_ns, check=False)
+
+
+def _dropped_packets(client_ns: str) -> int:
+    out = _run("ip", "netns", "exec", client_ns, "nft", "list", "table", "inet", "twtest_udp")
+    return int(re.search(r"counter packets (\d+)", out.stdout).group(1))
+
+
+def _in_namespace(ns: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+
+
+def _lossy_transfer(mode: str, hub_ns: str, client_ns: str) -> tuple[dict, dict]:
+    hub = _in_namespace(hub_ns, "hub", mode)
+    client = None
+    try:
+        url = json.loads(hub.stdout.readline())["url"]
+        client = _in_namespace(client_ns, "client", url)
+        client_out, _ = client.communicate(timeout=90)
+        hub_out, _ = hub.communicate(timeout=30)
+        assert client.returncode == 0 and hub.returncode == 0, (client_out, hub_out)
+        return json.loads(hub_out), json.loads(client_out)
+    finally:
+        for p in (hub, client):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _payload(k: int) -> np.ndarray:
+    return np.random.default_rng(k).standard_normal(NFLOATS).astype(np.float32)
+
+
+def test_ten_percent_random_loss_in_network_namespaces(capsys):
+    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        reason = f"needs root and ip/nft (root: {os.geteuid() == 0}, missing: {missing})"
+        print(reason)
+        pytest.skip(reason)
+    with _namespace_pair() as (hub_ns, client_ns):
+        rel_hub, rel_client = _lossy_transfer("reliable", hub_ns, client_ns)
+        drops_reliable = _dropped_packets(client_ns)
+        be_hub, be_client = _lossy_transfer("best-effort", hub_ns, client_ns)
+        drops_best_effort = _dropped_packets(client_ns) - drops_reliable
+    assert rel_client["exact"] == [True] * MESSAGES and rel_client["loss"] == [0.0] * MESSAGES
+    assert rel_hub["stats"]["retransmits"] > 0 and drops_reliable > 0
+    assert be_client["wall_s"] < 30 and be_hub["stats"]["retransmits"] == 0
+    losses = be_client["loss"]
+    assert len(losses) >= MESSAGES - 1  # a message whose header copies were both lost is gone
+    assert all(0.03 <= x <= 0.20 for x in losses), losses
+    assert all(x <= 0.01 for x in be_client["neither"]), be_client
+    with capsys.disabled():
+        print(
+            f"\nudp at {LOSS_PERCENT}% loss, {MESSAGES} x {NFLOATS * 4 >> 20} MiB, {RATE}: "
+            f"reliable send {[round(s, 3) for s in rel_hub['send_s']]} s, "
+            f"{rel_hub['stats']['retransmits']} retransmits in "
+            f"{rel_hub['stats']['nack_rounds']} NACK rounds ({drops_reliable} dropped); "
+            f"best-effort {be_client['wall_s']:.3f} s (per message, encode to decoded: "
+            f"{[round(x, 3) for x in be_client['e2e_s']]} s), "
+            f"loss {[round(x, 4) for x in losses]} "
+            f"({drops_best_effort} dropped of {be_hub['stats']['datagrams_sent']})"
+        )
+
+
+def _hub_main(mode: str) -> None:
+    url = f"udp://{HUB_IP}:0?mode={mode}&mtu=1472&rate={RATE}"
+    with tensorwire.serve(url, codec=None) as hub:
+        print(json.dumps({"url": hub.url}), flush=True)
+        hub.wait_for(1, timeout=T)
+        times = []
+        for k in range(MESSAGES):
+            t = time.perf_counter()
+            hub.send("c", {"w": _payload(k)}, timeout=60)
+            times.append(time.perf_counter() - t)
+        hub.recv(timeout=60)  # the client's "done"
+        stats = {k: v for k, v in vars(hub.udp_stats).items() if not k.startswith("_")}
+        print(json.dumps({"send_s": times, "stats": stats}), flush=True)
+
+
+def _client_main(url: str) -> None:
+    with tensorwire.connect(url, client_id="c", timeout=T) as ch:
+        got: dict[int, tuple[np.ndarray, float, float]] = {}  # k -> (values, loss, e2e_s)
+        t = time.perf_counter()
+        for k in range(MESSAGES):
+            try:
+                msg = ch.recv(timeout=60)
+            except TruncatedMessage:
+                continue
+            # a copy: best-effort decodes the next message into these same arrays
+            got[k] = (msg["w"].copy(), msg.loss["w"], msg.record.e2e_s)
+        wall = time.perf_counter() - t
+        ch.send({"done": np.zeros(1)})
+        exact, loss, neither, e2e = [], [], [], []
+        previous = np.zeros(NFLOATS, np.float32)
+        for k, (arr, lost, seconds) in sorted(got.items()):
+            exact.append(arr.tobytes() == _payload(k).tobytes())
+            loss.append(lost)
+            neither.append(float(((arr != _payload(k)) & (arr != previous)).mean()))
+            e2e.append(seconds)
+            previous = arr
+        result = {"exact": exact, "loss": loss, "neither": neither, "wall_s": wall, "e2e_s": e2e}
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    {"hub": _hub_main, "client": _client_main}[sys.argv[1]](*sys.argv[2:])
