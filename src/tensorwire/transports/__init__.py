@@ -23,6 +23,11 @@ KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
         "channel": "tensorwire.transports.udp.UdpChannel",
         "extra": None,
     },
+    "amqp": {
+        "hub": "tensorwire.transports.amqp.AmqpHub",
+        "channel": "tensorwire.transports.amqp.AmqpChannel",
+        "extra": "amqp",
+    },
 }
 
 

@@ -128,10 +128,13 @@ class _Endpoint:
     def _decode_whole(self, buf: Any, first_byte_at: float, out: Any = None) -> Message:
         """Decode a message a transport received whole (or reassembled from chunks).
 
-        ``first_byte_at`` is ``time.perf_counter()`` when its first byte (or chunk) arrived;
-        raw tensors stay views of ``buf`` unless ``out`` holds arrays for them.
+        ``first_byte_at`` is ``time.perf_counter()`` when its first byte (or chunk) arrived.
+        Raw tensors stay views of a writable ``buf`` unless ``out`` holds arrays for them; a
+        read-only ``buf`` (a library's ``bytes``) is copied from once, so the caller gets
+        arrays it can change and decode into again.
         """
-        msg = decode_message(buf, limits=self.limits, codec_lookup=get_codec, out=out)
+        copy = memoryview(buf).readonly
+        msg = decode_message(buf, limits=self.limits, codec_lookup=get_codec, out=out, copy=copy)
         msg.recv_s = time.perf_counter() - first_byte_at
         return msg
 

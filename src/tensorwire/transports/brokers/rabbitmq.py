@@ -1,0 +1,269 @@
+"""Find a RabbitMQ broker that answers, or run a private node for as long as it is needed.
+
+A private node is its own Erlang node (``tensorwire-PID-XXXX@localhost``, never the system's
+``rabbit@...``) with its own AMQP and distribution ports (free ones), its own epmd on a free
+port, and every file it writes in one temporary directory: database, logs, config, the
+enabled-plugins list (empty) and the Erlang cookie (``HOME`` points there). It listens on
+127.0.0.1 only and lets the URL's user in. ``stop()`` asks the node to stop
+(``rabbitmqctl stop``), kills what is left of its process group, ends its epmd and removes the
+directory. pika is imported only to probe a broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+
+DEFAULT_PORT = 5672
+INSTALL_HINT = "apt-get install rabbitmq-server (Debian/Ubuntu), dnf install rabbitmq-server"
+# Debian's /usr/sbin/rabbitmq-server is a wrapper that switches to user "rabbitmq" (and its
+# cookie and home): the scripts it wraps, in /usr/lib/rabbitmq/bin, run as we are.
+_SEARCH = ("/usr/lib/rabbitmq/bin", "/usr/lib/rabbitmq/sbin", "/usr/sbin", "/usr/local/sbin")
+STOP_TIMEOUT = 30.0  # seconds for ``rabbitmqctl stop`` and for the node to exit after it
+
+
+def rabbitmq_answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether a broker at the ``amqp://`` URL accepts an AMQP connection with the URL's
+    credentials and vhost within ``timeout`` seconds."""
+    try:
+        import pika
+        import pika.exceptions
+
+        from tensorwire.transports.amqp import AmqpAddress
+    except ImportError as exc:
+        raise MissingDependency(
+            f"probing RabbitMQ needs {exc.name or exc}: pip install 'tensorwire[amqp]'"
+        ) from exc
+    params = AmqpAddress(url).params
+    try:  # nothing listening: say so without pika's error logs of a failed connection
+        socket.create_connection((params.host, params.port), timeout=timeout).close()
+    except OSError:
+        return False
+    params.socket_timeout = timeout
+    params.stack_timeout = timeout
+    params.blocked_connection_timeout = timeout
+    params.connection_attempts = 1
+    try:
+        conn = pika.BlockingConnection(params)
+    except (pika.exceptions.AMQPError, OSError):
+        return False
+    with contextlib.suppress(pika.exceptions.AMQPError, OSError):  # it answered: that is all
+        conn.close()
+    return True
+
+
+def find_rabbitmq(binary: str = "rabbitmq-server") -> Path:
+    """The ``rabbitmq-server`` script to run; ``MissingDependency`` saying how to install it."""
+    path = os.pathsep.join([*_SEARCH[:2], os.environ.get("PATH", ""), *_SEARCH[2:]])
+    found = shutil.which(binary, path=path)
+    if found is None:
+        raise MissingDependency(
+            f"the RabbitMQ broker ({binary!r}) is not installed: {INSTALL_HINT}"
+        )
+    return Path(found)
+
+
+def _free_port(host: str) -> int:
+    with socket.create_server((host, 0)) as probe:
+        return probe.getsockname()[1]
+
+
+def _credentials(url: str) -> tuple[str, str, str]:
+    """(user, password, vhost) of an ``amqp://`` URL, with AMQP's defaults."""
+    parts = urlsplit(url)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    return unquote(parts.username or "guest"), unquote(parts.password or "guest"), vhost
+
+
+class RabbitMQBroker:
+    """A private RabbitMQ node on ``127.0.0.1:port``; use as a context manager (or start/stop).
+
+    ``user``/``password``/``vhost`` are created at first boot; ``settings`` are extra
+    ``rabbitmq.conf`` lines, e.g. ``{"max_message_size": "33554432"}``.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        settings: Mapping[str, str] | None = None,
+        binary: str = "rabbitmq-server",
+        startup_timeout: float = 60.0,
+    ) -> None:
+        self.port = port
+        self.user, self.password, self.vhost = user, password, vhost
+        self.settings = dict(settings or {})
+        self.binary = binary
+        self.startup_timeout = startup_timeout
+        self.node = f"tensorwire-{os.getpid()}-{uuid.uuid4().hex[:6]}@localhost"
+        self.dir: Path | None = None
+        self._env: dict[str, str] = {}
+        self._ctl: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._epmd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The node's process id (its process group too) while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def url(self, prefix: str | None = None) -> str:
+        """``amqp://user:pass@127.0.0.1:PORT/vhost`` for this broker (``?prefix=`` if given)."""
+        url = (
+            f"amqp://{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+            f"@{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+        )
+        return url if prefix is None else f"{url}?prefix={quote(prefix, safe='')}"
+
+    def _config(self) -> str:
+        lines = {
+            "listeners.tcp.default": f"{self.host}:{self.port}",
+            "default_user": self.user,
+            "default_pass": self.password,
+            "default_vhost": self.vhost,
+            "log.file.level": "warning",
+            **self.settings,
+        }
+        return "".join(f"{k} = {v}\n" for k, v in lines.items())
+
+    def _environment(self, epmd_port: int) -> dict[str, str]:
+        assert self.dir is not None
+        d = self.dir
+        return {
+            **os.environ,
+            "HOME": str(d),  # the Erlang cookie lives in $HOME: a private one
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),  # not /etc's (its NODENAME)
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": self.host,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(_free_port(self.host)),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_PID_FILE": str(d / "node.pid"),
+            "ERL_EPMD_PORT": str(epmd_port),
+            "ERL_EPMD_ADDRESS": self.host,
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+
+    def start(self) -> RabbitMQBroker:
+        """Start the node and wait until it accepts AMQP; raise with its log if it does not."""
+        server = find_rabbitmq(self.binary)
+        self._ctl = server.with_name("rabbitmqctl")
+        epmd = shutil.which("epmd", path=f"{os.environ.get('PATH', '')}:/usr/lib/erlang/bin")
+        if epmd is None:
+            raise MissingDependency(f"Erlang's epmd is not installed: {INSTALL_HINT}")
+        if self.port == 0:
+            self.port = _free_port(self.host)
+        self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-rabbitmq-"))
+        (self.dir / "rabbitmq-env.conf").write_text("")
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        (self.dir / "rabbitmq.conf").write_text(self._config())
+        epmd_port = _free_port(self.host)
+        self._env = self._environment(epmd_port)
+        log = self.dir / "startup.log"
+        with open(log, "wb") as out:
+            # Our own epmd in the foreground, so it is ours to end (a node would start a daemon).
+            self._epmd = subprocess.Popen(
+                [epmd, "-port", str(epmd_port), "-address", self.host],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+            )
+            self._proc = subprocess.Popen(
+                [str(server)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                env=self._env,
+                start_new_session=True,  # its own process group: stop() can end all of it
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        # Polled: a booting node gives no signal to wait on but its AMQP port.
+        while not rabbitmq_answers(self.url(), timeout=1.0):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                running = self._proc.poll() is None
+                log_tail = log.read_text(errors="replace")[-3000:]
+                self.stop()
+                error = TransportTimeout if running else TransportError
+                raise error(
+                    f"RabbitMQ node {self.node} on {self.host}:{self.port} did not start"
+                    f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
+                    f"its log:\n{log_tail}"
+                )
+            time.sleep(0.2)
+        return self
+
+    def stop(self) -> None:
+        """Stop the node (``rabbitmqctl stop``, then kill), end its epmd, remove its directory."""
+        if self._proc is not None:
+            if self._proc.poll() is None and self._ctl is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                    subprocess.run(
+                        [str(self._ctl), "-n", self.node, "stop"],
+                        env=self._env,
+                        capture_output=True,
+                        timeout=STOP_TIMEOUT,
+                        check=False,
+                    )
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed just below
+                self._proc.wait(timeout=STOP_TIMEOUT)
+            # Its helpers (erl_child_setup, inet_gethost) share its group; they may outlive it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            self._proc = None
+        if self._epmd is not None:
+            self._epmd.terminate()
+            try:
+                self._epmd.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._epmd.kill()
+                self._epmd.wait(timeout=5)
+            self._epmd = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> RabbitMQBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def ensure_rabbitmq(url: str, **broker_options: object) -> Iterator[str]:
+    """Yield ``url`` if a broker accepts it, else the URL of a private :class:`RabbitMQBroker`
+    (``url`` with host and port replaced; its user, password and vhost are created) that is
+    stopped when the block ends."""
+    if rabbitmq_answers(url):
+        yield url
+        return
+    user, password, vhost = _credentials(url)
+    options = {"user": user, "password": password, "vhost": vhost, **broker_options}
+    with RabbitMQBroker(**options) as broker:  # type: ignore[arg-type]
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@" if userinfo else ""
+        yield urlunsplit(parts._replace(netloc=f"{netloc}{broker.host}:{broker.port}"))

@@ -1,0 +1,209 @@
+"""amqp:// specifics: names under a prefix, native fan-out, chunking, start order, cleanup."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+pika = pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
+
+import tensorwire  # noqa: E402
+from tensorwire.errors import ChunkError, PeerGone, TransportError, TransportTimeout  # noqa: E402
+from tensorwire.transports import amqp  # noqa: E402
+from tensorwire.transports.brokers.rabbitmq import rabbitmq_answers  # noqa: E402
+from tensorwire.wire import encode_message, iter_chunks  # noqa: E402
+
+BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"
+T = 20.0
+
+
+@pytest.fixture(scope="module")
+def broker() -> str:
+    if not rabbitmq_answers(BROKER):
+        pytest.skip(f"no RabbitMQ answers at {BROKER} (apt-get install rabbitmq-server)")
+    return BROKER
+
+
+@pytest.fixture
+def url(broker: str) -> str:
+    return f"{broker}?prefix=twtest-{uuid.uuid4().hex[:12]}"
+
+
+def _exists(kind: str, name: str) -> bool:
+    """Whether the broker has a queue or exchange of that name (a passive declare)."""
+    conn = pika.BlockingConnection(pika.URLParameters(BROKER))
+    try:
+        ch = conn.channel()
+        if kind == "queue":
+            ch.queue_declare(name, passive=True)
+        else:
+            ch.exchange_declare(name, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return exc.reply_code != 404  # 405: an exclusive queue of another connection
+    finally:
+        conn.close()
+
+
+def _wait_until(condition, timeout: float = T) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_hub_url_carries_its_prefix_and_chunk(broker):
+    with tensorwire.serve(broker) as hub:
+        assert "prefix=tw-" in hub.url and hub.chunk == amqp.DEFAULT_CHUNK
+    with tensorwire.serve(f"{broker}?prefix=twtest-{uuid.uuid4().hex[:8]}&chunk=65536") as hub:
+        assert "chunk=65536" in hub.url and hub.chunk == 65536
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=x&chunk=10",
+        "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=x&chunk=lots",
+        "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=amq.mine",
+        "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=x&frobnicate=1",
+    ],
+)
+def test_bad_urls_are_refused_before_connecting(bad):
+    with pytest.raises(TransportError):
+        amqp.AmqpAddress(bad)
+
+
+def test_a_channel_needs_the_hubs_prefix(broker):
+    with pytest.raises(TransportError, match="prefix"):
+        tensorwire.connect(broker, timeout=1)
+
+
+def test_chunked_messages_both_ways_and_interleaved(url, connect):
+    big = np.random.default_rng(0).standard_normal(200_000)  # 1.6 MB: 25 chunks of 64 KiB
+    with tensorwire.serve(f"{url}&chunk=65536", codec=None) as hub:
+        chans = [connect(hub.url, client_id=f"c{i}", codec=None) for i in range(3)]
+        hub.wait_for(3, timeout=T)
+        hub.broadcast({"x": big})
+        for ch in chans:
+            assert np.array_equal(ch.recv(timeout=T)["x"], big)
+        senders = [
+            threading.Thread(target=ch.send, args=({"x": big * i},), kwargs={"timeout": T})
+            for i, ch in enumerate(chans)
+        ]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(T)
+        got = dict(hub.gather(timeout=T))
+        for i in range(3):
+            assert np.array_equal(got[f"c{i}"]["x"], big * i)
+            got[f"c{i}"]["x"][0] = 1.0  # received arrays are the caller's to change
+        assert not hub.errors
+
+
+def test_broadcast_to_all_is_one_publish_to_the_fanout(url, connect):
+    with tensorwire.serve(url) as hub:
+        chans = {c: connect(hub.url, client_id=c) for c in ("a", "b", "c")}
+        hub.wait_for(3, timeout=T)
+        calls: list[tuple[str, str]] = []
+        publish = hub._pub.publish
+
+        def counting(exchange, routing_key, *args):
+            calls.append((exchange, routing_key))
+            return publish(exchange, routing_key, *args)
+
+        hub._pub.publish = counting
+        hub.broadcast({"v": np.arange(3)})
+        assert calls == [(f"{hub.prefix}.all", "")]
+        for ch in chans.values():
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
+        calls.clear()
+        hub.broadcast({"v": np.arange(4)}, clients=["a", "b"])  # a subset: one unicast each
+        assert sorted(exchange for exchange, _ in calls) == ["", ""]
+        assert np.array_equal(chans["a"].recv(timeout=T)["v"], np.arange(4))
+        assert np.array_equal(chans["b"].recv(timeout=T)["v"], np.arange(4))
+        with pytest.raises(TransportTimeout):
+            chans["c"].recv(timeout=0.5)
+
+
+def test_a_channel_started_before_its_hub_joins_when_the_hub_comes(url):
+    result: dict[str, object] = {}
+
+    def client() -> None:
+        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
+            result["msg"] = ch.recv(timeout=T)
+
+    t = threading.Thread(target=client)
+    t.start()
+    time.sleep(0.5)
+    with tensorwire.serve(url) as hub:
+        hub.wait_for(1, timeout=T)
+        hub.send("early", {"v": np.arange(3)})
+        t.join(T)
+    assert np.array_equal(result["msg"]["v"], np.arange(3))
+
+
+def test_a_second_hub_on_the_same_prefix_is_refused(url):
+    with tensorwire.serve(url), pytest.raises(TransportError, match="in use"):
+        tensorwire.serve(url)
+
+
+def test_close_says_goodbye_and_leaves_nothing_on_the_broker(url):
+    hub = tensorwire.serve(url)
+    ch = tensorwire.connect(hub.url, client_id="x")
+    hub.wait_for(1, timeout=T)
+    names = [("queue", f"{hub.prefix}.up"), ("exchange", f"{hub.prefix}.all"), ("queue", ch._queue)]
+    assert all(_exists(kind, name) for kind, name in names)
+    hub.close()
+    with pytest.raises(PeerGone):
+        ch.recv(timeout=T)
+    with pytest.raises(PeerGone):
+        ch.send({"v": np.zeros(1)})
+    ch.close()
+    assert _wait_until(lambda: not any(_exists(kind, name) for kind, name in names))
+
+
+def test_a_dropped_client_is_noticed(url):
+    reasons: list[str] = []
+    with tensorwire.serve(url, on_leave=lambda cid, why: reasons.append(why)) as hub:
+        ch = tensorwire.connect(hub.url, client_id="d")
+        hub.wait_for(1, timeout=T)
+        ch._drop()
+        assert _wait_until(lambda: not hub.clients, timeout=10)
+        assert "dropped" in reasons[0]
+        with pytest.raises(PeerGone):
+            hub.send("d", {"v": np.zeros(1)})
+
+
+def test_a_message_whose_chunks_stop_coming_is_reported(url, monkeypatch):
+    monkeypatch.setattr(amqp, "REASSEMBLY_TIMEOUT", 0.5)
+    with tensorwire.serve(url) as hub:
+        enc = encode_message({"x": np.zeros(10_000)})
+        first = b"".join(next(iter_chunks(enc.frames(), 7, 4096)))
+        conn = pika.BlockingConnection(pika.URLParameters(BROKER))
+        props = pika.BasicProperties(headers={"tw-client": "half"})
+        conn.channel().basic_publish("", f"{hub.prefix}.up", first, props)
+        conn.close()
+        assert _wait_until(lambda: hub.errors, timeout=10)
+        who, exc = hub.errors[0]
+        assert who == "half" and isinstance(exc, ChunkError) and "never arrived" in str(exc)
+
+
+def test_an_unreachable_broker_times_out():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(TransportTimeout, match="is it running"):
+        tensorwire.connect(f"amqp://guest:guest@127.0.0.1:{port}/%2F?prefix=x", timeout=1)
+    assert time.monotonic() - t < 10
+
+
+def test_wrong_credentials_fail_at_once(broker):
+    with pytest.raises(TransportError, match="credentials"):
+        tensorwire.serve("amqp://nobody:wrong@127.0.0.1:5672/%2F?prefix=twtest-creds", timeout=T)

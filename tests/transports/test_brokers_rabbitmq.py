@@ -1,0 +1,105 @@
+"""tensorwire.transports.brokers.rabbitmq: probing, a private node's whole life, missing binary."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorwire
+from tensorwire.errors import MissingDependency
+from tensorwire.transports.brokers import RabbitMQBroker, ensure_rabbitmq, rabbitmq_answers
+from tensorwire.transports.brokers.rabbitmq import find_rabbitmq
+
+pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
+
+SYSTEM = "amqp://guest:guest@127.0.0.1:5672/%2F"
+T = 20.0
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+def _processes_of_node(prefix: str) -> list[int]:
+    """Ids of live processes started for a node whose name begins with ``prefix``."""
+    marker = f"RABBITMQ_NODENAME={prefix}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # exited meanwhile
+                continue
+    return found
+
+
+def _children() -> list[int]:
+    """Ids of this process's child processes (live or not yet reaped)."""
+    me = str(os.getpid())
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[1] == me:
+                kids.append(int(entry.name))
+    return kids
+
+
+def test_answers_needs_a_broker_and_its_credentials():
+    assert not rabbitmq_answers(f"amqp://guest:guest@127.0.0.1:{_closed_port()}/%2F", timeout=1)
+    if not rabbitmq_answers(SYSTEM):
+        pytest.skip(f"no RabbitMQ answers at {SYSTEM}")
+    assert rabbitmq_answers(f"{SYSTEM}?prefix=ignored")
+    assert not rabbitmq_answers("amqp://nobody:wrong@127.0.0.1:5672/%2F")
+
+
+def test_a_missing_binary_says_how_to_install_it():
+    with pytest.raises(MissingDependency, match="apt-get install rabbitmq-server"):
+        find_rabbitmq("no-such-rabbitmq-server")
+    with pytest.raises(MissingDependency, match="apt-get install rabbitmq-server"):
+        RabbitMQBroker(binary="no-such-rabbitmq-server").start()
+
+
+def test_ensure_uses_a_broker_that_answers():
+    if not rabbitmq_answers(SYSTEM):
+        pytest.skip(f"no RabbitMQ answers at {SYSTEM}")
+    with ensure_rabbitmq(SYSTEM) as url:
+        assert url == SYSTEM
+
+
+def test_a_private_broker_serves_and_leaves_nothing_behind():
+    try:
+        find_rabbitmq()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    system_up = rabbitmq_answers(SYSTEM)
+    dirs_before = set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*"))
+    kids_before = set(_children())
+    wanted = f"amqp://tw:secret@127.0.0.1:{_closed_port()}/exp"
+    with ensure_rabbitmq(wanted) as url:
+        assert url != wanted and url.startswith("amqp://tw:secret@127.0.0.1:")
+        assert url.endswith("/exp")  # the URL's user and vhost were created
+        node = f"tensorwire-{os.getpid()}-"
+        assert _processes_of_node(node)
+        hub = tensorwire.serve(f"{url}?prefix=t-{uuid.uuid4().hex[:6]}")
+        with hub, tensorwire.connect(hub.url, client_id="p", timeout=T) as ch:
+            hub.wait_for(1, timeout=T)
+            hub.send("p", {"v": np.arange(5)})
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(5))
+            ch.send({"v": np.arange(2)})
+            assert hub.recv(timeout=T)[0] == "p"
+    assert not _processes_of_node(node)
+    assert set(_children()) <= kids_before  # its shell, node and epmd are all gone
+    assert set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*")) <= dirs_before
+    assert rabbitmq_answers(SYSTEM) == system_up  # the system broker was not disturbed
