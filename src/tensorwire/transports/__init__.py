@@ -28,6 +28,11 @@ KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
         "channel": "tensorwire.transports.amqp.AmqpChannel",
         "extra": "amqp",
     },
+    "mqtt": {
+        "hub": "tensorwire.transports.mqtt.MqttHub",
+        "channel": "tensorwire.transports.mqtt.MqttChannel",
+        "extra": "mqtt",
+    },
 }
 
 

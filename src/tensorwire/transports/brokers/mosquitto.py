@@ -1,0 +1,180 @@
+"""Find a Mosquitto broker that answers, or run a private one for as long as it is needed.
+
+A private broker gets its own port (a free one unless given), its own directory for config and
+log, listens on 127.0.0.1 only, keeps nothing on disk and lets anyone in; ``stop()`` ends the
+process and removes the directory. Nothing here needs paho: the probe speaks MQTT itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+from tensorwire.transports.url import host_port
+
+DEFAULT_PORT = 1883
+INSTALL_HINT = (
+    "apt-get install mosquitto (Debian/Ubuntu), dnf install mosquitto, brew install mosquitto"
+)
+_SBIN = ("/usr/sbin", "/usr/local/sbin")  # where packages put it, often not on a user's PATH
+
+
+def mosquitto_answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether an MQTT broker at ``host:port`` answers a CONNECT with a CONNACK within
+    ``timeout`` seconds (a refusal, e.g. for missing credentials, still counts as answering)."""
+    client_id = f"tw-probe-{uuid.uuid4().hex[:8]}".encode()
+    # MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, keepalive 10 s
+    body = b"\x00\x04MQTT\x04\x02\x00\x0a" + len(client_id).to_bytes(2, "big") + client_id
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(bytes([0x10, len(body)]) + body)
+            connack = b""
+            while len(connack) < 4:
+                got = sock.recv(4 - len(connack))
+                if not got:
+                    return False
+                connack += got
+            if connack[:2] != b"\x20\x02":
+                return False
+            if connack[3] == 0:
+                sock.sendall(b"\xe0\x00")  # DISCONNECT
+            return True
+    except OSError:
+        return False
+
+
+def find_mosquitto(binary: str = "mosquitto") -> str:
+    """The path of the ``mosquitto`` executable; ``MissingDependency`` saying how to install it."""
+    found = shutil.which(binary) or shutil.which(binary, path=os.pathsep.join(_SBIN))
+    if found is None:
+        raise MissingDependency(
+            f"the Mosquitto broker ({binary!r}) is not installed: {INSTALL_HINT}"
+        )
+    return found
+
+
+def _free_port(host: str) -> int:
+    with socket.create_server((host, 0)) as probe:
+        return probe.getsockname()[1]
+
+
+class MosquittoBroker:
+    """A private Mosquitto on ``127.0.0.1:port``; use as a context manager (or start/stop).
+
+    ``settings`` are extra ``mosquitto.conf`` lines, e.g. ``{"max_packet_size": "65536"}``.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        settings: Mapping[str, str] | None = None,
+        binary: str = "mosquitto",
+        startup_timeout: float = 10.0,
+    ) -> None:
+        self.port = port
+        self.settings = dict(settings or {})
+        self.binary = binary
+        self.startup_timeout = startup_timeout
+        self.dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def url(self, prefix: str = "") -> str:
+        """``mqtt://127.0.0.1:PORT/prefix`` for this broker."""
+        return f"mqtt://{self.host}:{self.port}/{prefix}"
+
+    def _config(self) -> str:
+        lines = {
+            "listener": f"{self.port} {self.host}",
+            "allow_anonymous": "true",
+            "persistence": "false",
+            "log_dest": "stderr",
+            "set_tcp_nodelay": "true",  # else a small message can wait ~40 ms on a delayed ACK
+            # run as root, Mosquitto would switch to user "mosquitto", who cannot read our dir
+            "user": pwd.getpwuid(os.getuid()).pw_name,
+            **self.settings,
+        }
+        return "".join(f"{k} {v}\n" for k, v in lines.items())
+
+    def start(self) -> MosquittoBroker:
+        """Start the broker and wait until it answers; raise with its log if it does not."""
+        binary = find_mosquitto(self.binary)
+        if self.port == 0:
+            self.port = _free_port(self.host)
+        self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-mosquitto-"))
+        conf = self.dir / "mosquitto.conf"
+        conf.write_text(self._config())
+        with open(self.dir / "mosquitto.log", "wb") as log:
+            self._proc = subprocess.Popen(
+                [binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        # Polled: a starting process gives no signal to wait on but its listening port.
+        while not mosquitto_answers(self.host, self.port, timeout=0.5):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                log_tail = (self.dir / "mosquitto.log").read_text(errors="replace")[-2000:]
+                running = self._proc.poll() is None
+                self.stop()
+                error = TransportTimeout if running else TransportError
+                raise error(
+                    f"mosquitto on {self.host}:{self.port} did not start"
+                    f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
+                    f"its log:\n{log_tail}"
+                )
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """End the broker process and remove its directory."""
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+            self._proc = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> MosquittoBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def ensure_mosquitto(url: str, **broker_options: Any) -> Iterator[str]:
+    """Yield ``url`` if a broker answers there, else the URL of a private :class:`MosquittoBroker`
+    (``url`` with host and port replaced) that is stopped when the block ends."""
+    host, port = host_port(url, default_port=DEFAULT_PORT)
+    if mosquitto_answers(host, port):
+        yield url
+        return
+    with MosquittoBroker(**broker_options) as broker:
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@" if userinfo else ""
+        yield urlunsplit(parts._replace(netloc=f"{netloc}{broker.host}:{broker.port}"))

@@ -1,0 +1,109 @@
+"""tensorwire.transports.brokers.mosquitto: probe, private broker lifecycle, ensure_mosquitto."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+import tensorwire
+from tensorwire.errors import MissingDependency, TransportError
+from tensorwire.transports.brokers.mosquitto import (
+    MosquittoBroker,
+    ensure_mosquitto,
+    find_mosquitto,
+    mosquitto_answers,
+)
+
+T = 20.0
+
+try:
+    find_mosquitto()
+except MissingDependency as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
+        return f.read().split()[2] != "Z"
+
+
+def test_probe_says_no_to_nothing_and_to_a_server_that_is_not_mqtt():
+    assert not mosquitto_answers("127.0.0.1", _closed_port(), timeout=0.5)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def talk_nonsense() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(100)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        t = threading.Thread(target=talk_nonsense)
+        t.start()
+        assert not mosquitto_answers("127.0.0.1", server.getsockname()[1], timeout=2)
+        t.join(T)
+
+
+def test_private_broker_serves_a_round_trip_then_leaves_nothing_behind():
+    pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+    with MosquittoBroker() as broker:
+        pid, directory = broker.pid, broker.dir
+        assert pid is not None and directory is not None and directory.is_dir()
+        conf = (directory / "mosquitto.conf").read_text()
+        assert f"listener {broker.port} 127.0.0.1" in conf and "persistence false" in conf
+        assert mosquitto_answers("127.0.0.1", broker.port)
+        with (
+            tensorwire.serve(broker.url("roundtrip")) as hub,
+            tensorwire.connect(hub.url, client_id="c", timeout=T) as ch,
+        ):
+            hub.wait_for(1, timeout=T)
+            hub.send("c", {"v": np.arange(10)})
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(10))
+            ch.send({"w": np.ones(3)})
+            assert hub.recv(timeout=T)[0] == "c"
+    assert not _alive(pid)
+    assert not directory.exists()
+    assert not mosquitto_answers("127.0.0.1", broker.port, timeout=0.5)
+
+
+def test_private_broker_on_a_given_port():
+    port = _closed_port()
+    with MosquittoBroker(port) as broker:
+        assert broker.port == port and mosquitto_answers("127.0.0.1", port)
+
+
+def test_ensure_uses_the_broker_that_answers_and_starts_one_otherwise():
+    with MosquittoBroker() as running:
+        url = f"mqtt://127.0.0.1:{running.port}/exp"
+        with ensure_mosquitto(url) as got:
+            assert got == url
+    dead = _closed_port()
+    with ensure_mosquitto(f"mqtt://u:p@127.0.0.1:{dead}/exp?qos=2") as got:
+        port = int(got.split("@")[1].split("/")[0].split(":")[1])
+        assert port != dead and got == f"mqtt://u:p@127.0.0.1:{port}/exp?qos=2"
+        assert mosquitto_answers("127.0.0.1", port)
+    assert not mosquitto_answers("127.0.0.1", port, timeout=0.5)
+
+
+def test_missing_binary_says_how_to_install():
+    with pytest.raises(MissingDependency, match="apt-get install mosquitto"):
+        MosquittoBroker(binary="mosquitto-not-installed-here").start()
+
+
+def test_a_broker_that_cannot_start_reports_its_log_and_cleans_up():
+    broker = MosquittoBroker(settings={"no_such_option": "1"})
+    with pytest.raises(TransportError, match="no_such_option"):
+        broker.start()
+    assert broker.dir is None and broker.pid is None

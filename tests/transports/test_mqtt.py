@@ -1,0 +1,243 @@
+"""mqtt:// beyond the conformance suite: URLs, chunking, QoS, fan-out, wills, broker limits."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+
+import tensorwire
+from tensorwire.errors import MissingDependency, PeerGone, TransportError, TransportTimeout
+from tensorwire.transports.brokers.mosquitto import MosquittoBroker, ensure_mosquitto
+from tensorwire.transports.mqtt import DEFAULT_CHUNK_BYTES, MqttSettings
+from tensorwire.wire import parse_chunk
+
+T = 20.0
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """``mqtt://host:port`` of the local Mosquitto, or of a private one."""
+    try:
+        with ensure_mosquitto("mqtt://127.0.0.1:1883") as url:
+            yield url.rstrip("/")
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"twtest-{uuid.uuid4().hex[:10]}"
+
+
+def test_url_settings():
+    s = MqttSettings.from_url(
+        "mqtt://al%40ice:s%3Acret@broker.example:1999/fl/exp1?qos=2&chunk=4096"
+    )
+    assert (s.host, s.port, s.username, s.password) == ("broker.example", 1999, "al@ice", "s:cret")
+    assert (s.prefix, s.qos, s.chunk_bytes) == ("fl/exp1", 2, 4096)
+    assert s.up("dev1") == "fl/exp1/up/dev1" and s.down() == "fl/exp1/down"
+    d = MqttSettings.from_url("mqtt://localhost", qos=0)
+    assert (d.port, d.prefix, d.qos, d.chunk_bytes, d.username) == (
+        1883,
+        "tensorwire",
+        0,
+        DEFAULT_CHUNK_BYTES,
+        None,
+    )
+    for bad in ("qos=3", "chunk=10", "qos=x", "retain=1"):
+        with pytest.raises(TransportError):
+            MqttSettings.from_url(f"mqtt://h:1/p?{bad}")
+    with pytest.raises(TransportError, match="prefix"):
+        MqttSettings.from_url("mqtt://h:1/exp/+")
+
+
+def test_client_id_must_be_a_topic_level(broker, prefix):
+    with pytest.raises(TransportError, match="topic level"):
+        tensorwire.connect(f"{broker}/{prefix}", client_id="a/b", timeout=1)
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_many_chunks_both_directions_at_every_qos(broker, prefix, qos):
+    url = f"{broker}/{prefix}?qos={qos}&chunk=4096"
+    arr = np.random.default_rng(qos).standard_normal(20_000)  # 160 kB: ~40 chunks
+    with (
+        tensorwire.serve(url, codec=None) as hub,
+        tensorwire.connect(url, client_id="c", codec=None, timeout=T) as ch,
+    ):
+        hub.wait_for(1, timeout=T)
+        hub.send("c", {"a": arr}, timeout=T)
+        assert ch.recv(timeout=T)["a"].tobytes() == arr.tobytes()
+        ch.send({"b": arr[::-1]}, timeout=T)
+        cid, msg = hub.recv(timeout=T)
+        assert cid == "c" and msg["b"].tobytes() == arr[::-1].tobytes()
+
+
+def test_broadcast_is_one_publish_on_the_broadcast_topic(broker, prefix):
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    url = f"{broker}/{prefix}?chunk=8192"
+    s = MqttSettings.from_url(url)
+    seen: list[tuple[str, int, int]] = []  # (topic, message id, chunk count) per chunk
+    subscribed = threading.Event()
+    spy = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"tw-spy-{uuid.uuid4().hex[:8]}")
+
+    def spy_on(_c: object, _u: object, m: paho.MQTTMessage) -> None:
+        head = parse_chunk(m.payload)[0]
+        seen.append((m.topic, head.message_id, head.count))
+
+    spy.on_message = spy_on
+    spy.on_subscribe = lambda *_: subscribed.set()
+    spy.connect(s.host, s.port)
+    spy.loop_start()
+    spy.subscribe(f"{s.prefix}/down/#", qos=1)
+    assert subscribed.wait(T)
+    try:
+        with tensorwire.serve(url, codec=None) as hub:
+            chans = [tensorwire.connect(url, client_id=f"d{i}", timeout=T) for i in range(3)]
+            hub.wait_for(3, timeout=T)
+            records = hub.broadcast({"w": np.zeros(4096)}, timeout=T)  # 32 KiB: 5 chunks
+            assert sorted(records) == ["d0", "d1", "d2"]
+            for ch in chans:
+                assert ch.recv(timeout=T)["w"].shape == (4096,)
+                ch.close()
+    finally:
+        spy.disconnect()
+        spy.loop_stop()
+    assert len(seen) > 1 and len(set(seen)) == 1  # every chunk of one message ...
+    topic, _, count = seen[0]
+    assert topic == s.down() and len(seen) == count  # ... published once, for all
+
+
+def test_client_that_starts_before_the_hub_is_welcomed(broker, prefix):
+    url = f"{broker}/{prefix}"
+    got: dict[str, object] = {}
+
+    def client() -> None:
+        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
+            got["msg"] = ch.recv(timeout=T)
+
+    t = threading.Thread(target=client)
+    t.start()
+    time.sleep(0.5)  # the client has subscribed and said hello to nobody
+    with tensorwire.serve(url) as hub:
+        hub.wait_for(1, timeout=T)
+        hub.broadcast({"v": np.arange(3)})
+        t.join(T)
+    assert np.array_equal(got["msg"]["v"], np.arange(3))
+
+
+def test_a_hub_callback_may_send(broker, prefix):
+    url = f"{broker}/{prefix}"
+    hubs: list[tensorwire.Hub] = []
+    with tensorwire.serve(
+        url, on_join=lambda c: hubs[0].send(c, {"hi": np.ones(2)}, timeout=T)
+    ) as hub:
+        hubs.append(hub)
+        with tensorwire.connect(url, client_id="c", timeout=T) as ch:
+            assert np.array_equal(ch.recv(timeout=T)["hi"], np.ones(2))
+
+
+def test_a_killed_client_is_announced_by_its_will(broker, prefix):
+    url = f"{broker}/{prefix}"
+    left: list[tuple[str, str]] = []
+    gone = threading.Event()
+
+    def on_leave(cid: str, reason: str) -> None:
+        left.append((cid, reason))
+        gone.set()
+
+    with tensorwire.serve(url, on_leave=on_leave) as hub:
+        code = (
+            f"import tensorwire, time; tensorwire.connect({url!r}, client_id='doomed'); "
+            "time.sleep(60)"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            hub.wait_for(1, timeout=T)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(T)
+        assert gone.wait(T)
+        assert left == [("doomed", "connection lost")] and hub.clients == []
+
+
+def test_hub_closing_ends_the_clients_session(broker, prefix):
+    url = f"{broker}/{prefix}"
+    hub = tensorwire.serve(url)
+    ch = tensorwire.connect(url, client_id="c", timeout=T)
+    hub.wait_for(1, timeout=T)
+    hub.close()
+    with pytest.raises(PeerGone):
+        ch.recv(timeout=T)
+    with pytest.raises(PeerGone):
+        ch.send({"v": np.zeros(1)})
+
+
+def test_a_client_with_no_hub_times_out_saying_so(broker, prefix):
+    with pytest.raises(TransportTimeout, match="no hub welcomed"):
+        tensorwire.connect(f"{broker}/{prefix}", client_id="alone", timeout=0.5)
+
+
+def test_no_broker_times_out_naming_the_fix():
+    with pytest.raises(TransportTimeout, match="mosquitto"):
+        tensorwire.connect("mqtt://127.0.0.1:1/x", timeout=0.3)
+
+
+def test_chunks_fit_the_maximum_packet_the_broker_announces(prefix):
+    try:
+        broker = MosquittoBroker(settings={"max_packet_size": "65536"}).start()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    url = broker.url(prefix)
+    try:
+        with (
+            tensorwire.serve(url, codec=None) as hub,
+            tensorwire.connect(url, client_id="c", codec=None, timeout=T) as ch,
+        ):
+            assert hub._link.max_packet == 65536 and ch._link.max_packet == 65536
+            assert hub._link.chunk_payload(hub.settings.down("c"), 1 << 20) < 65536
+            hub.wait_for(1, timeout=T)
+            arr = np.arange(1 << 17, dtype=np.float64)  # 1 MiB: over the limit as one packet
+            hub.send("c", {"a": arr}, timeout=T)
+            assert np.array_equal(ch.recv(timeout=T)["a"], arr)
+            ch.send({"a": arr}, timeout=T)
+            assert np.array_equal(hub.recv(timeout=T)[1]["a"], arr)
+    finally:
+        broker.stop()
+
+
+def test_username_and_password_from_the_url(tmp_path, prefix):
+    passwd = shutil.which("mosquitto_passwd")
+    if passwd is None:
+        pytest.skip("mosquitto_passwd is not installed (package mosquitto)")
+    users = tmp_path / "passwd"
+    subprocess.run([passwd, "-b", "-c", str(users), "alice", "s3cret"], check=True)
+    settings = {"allow_anonymous": "false", "password_file": str(users)}
+    try:
+        broker = MosquittoBroker(settings=settings).start()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    try:
+        with pytest.raises(TransportError, match="user and password"):
+            tensorwire.serve(f"mqtt://alice:wrong@127.0.0.1:{broker.port}/{prefix}")
+        url = f"mqtt://alice:s3cret@127.0.0.1:{broker.port}/{prefix}"
+        with (
+            tensorwire.serve(url) as hub,
+            tensorwire.connect(hub.url, client_id="c", timeout=T) as ch,
+        ):
+            hub.wait_for(1, timeout=T)
+            ch.send({"v": np.arange(3)})
+            assert hub.recv(timeout=T)[0] == "c"
+    finally:
+        broker.stop()
