@@ -1,0 +1,191 @@
+"""The network-namespace testbed: a server and N devices on shaped links.
+
+One network namespace per node (``PREFIXsrv``, ``PREFIXdev1`` ...), a veth link per device,
+the server ends bridged so every device reaches the server at one address (10.211.0.1 by
+default). As root the namespaces are named (``ip netns list`` shows them); otherwise an agent
+in an unprivileged user namespace holds them (see ``_userns``). Everything carries the prefix
+and is removed on close, at exit, on SIGTERM/SIGHUP, or, after a crash, by the next testbed.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import warnings
+from typing import TYPE_CHECKING
+
+from tensorwire.errors import MissingDependency
+from tensorwire.testbed._netns import BASE_PREFIX
+from tensorwire.testbed._tools import find_tool
+from tensorwire.testbed.base import BaseTestbed
+from tensorwire.testbed.capabilities import probe_capabilities
+from tensorwire.testbed.counters import Counters
+from tensorwire.testbed.errors import NamespacesUnavailable, ShapingWarning, TestbedError
+from tensorwire.testbed.profile import LinkProfile, as_profile
+from tensorwire.testbed.shaping import DIRECTIONS, AppliedShaping
+
+if TYPE_CHECKING:
+    from tensorwire.testbed._backend import Backend
+
+MAX_PREFIX = 11  # so that PREFIX + "s999" fits an interface name (15 characters)
+
+
+class Testbed(BaseTestbed):
+    """``devices`` devices and a server in network namespaces, links shaped with ``profile``
+    (a :class:`LinkProfile`, a name such as ``"4g"`` or ``"20mbit,loss=5%"``) in ``direction``
+    (``both``, ``up`` = device to server, ``down``). Use as a context manager::
+
+        with Testbed(devices=4, profile="4g") as tb:
+            server = tb.popen("srv", [python, "-m", "my.server", tb.url("tcp", 5000)])
+            ...
+            tb.set_profile("3g")   # between experiments
+            before = tb.counters(); ...; spent = tb.counters() - before
+
+    ``prefix`` (default ``twb-`` + a random run id + ``-``) starts every namespace, interface
+    and nftables table name; it must start with ``twb-``, end with ``-`` and be at most 11
+    characters of a-z, 0-9 and ``-``. :class:`NamespacesUnavailable` if this process may not
+    create namespaces: :class:`LoopbackTestbed` then offers an unshaped loopback run."""
+
+    shaped = True
+
+    def __init__(
+        self,
+        devices: int = 2,
+        profile: LinkProfile | str | None = "none",
+        direction: str = "both",
+        prefix: str | None = None,
+        subnet: str = "10.211.0.0/24",
+    ) -> None:
+        super().__init__(devices)
+        self.prefix = prefix or f"{BASE_PREFIX}{secrets.token_hex(3)}-"
+        if (
+            not re.fullmatch(re.escape(BASE_PREFIX) + r"[a-z0-9-]*-", self.prefix)
+            or len(self.prefix) > MAX_PREFIX
+        ):
+            raise ValueError(
+                f"prefix {self.prefix!r}: must start with {BASE_PREFIX!r}, end with '-', use "
+                f"a-z 0-9 - only and be at most {MAX_PREFIX} characters"
+            )
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
+        self.subnet = subnet
+        self._initial = (as_profile(profile), direction)
+        self._backend: Backend | None = None
+        self._shaping: AppliedShaping | None = None
+        self._mode = ""
+
+    def open(self) -> Testbed:
+        """Create namespaces, links and shaping; on any failure remove what was made."""
+        caps = probe_capabilities()
+        if caps.mode is None:
+            reasons = "; ".join(
+                caps[name].reason for name in ("root", "userns", "netns") if name in caps.items
+            )
+            raise NamespacesUnavailable(
+                f"cannot create network namespaces here: {reasons}. Run as root, or allow "
+                "unprivileged user namespaces, or use LoopbackTestbed for an unshaped "
+                "loopback run (labelled as such)."
+            )
+        try:
+            from tensorwire.testbed._backend import LocalBackend
+            from tensorwire.testbed._named import NamedNamespaces, remove_stale
+            from tensorwire.testbed._userns import AgentBackend
+        except ImportError as exc:
+            raise MissingDependency(
+                f"the namespace testbed needs pyroute2 ({exc}): pip install 'tensorwire[bench]'"
+            ) from exc
+        super().open()
+        try:
+            nft = find_tool("nft") if caps.has("nft_netdev") else None
+            self._mode = caps.mode
+            if caps.mode == "root":
+                remove_stale()
+                self._backend = LocalBackend(
+                    NamedNamespaces(self.prefix, self.nodes),
+                    self.prefix,
+                    self.subnet,
+                    netem=caps.has("netem"),
+                    nft=nft,
+                )
+            else:
+                self._backend = AgentBackend(
+                    self.prefix, self.nodes, self.subnet, netem=caps.has("netem"), nft=nft
+                )
+            self.set_profile(*self._initial)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop processes started in the nodes, remove namespaces, links and rules."""
+        try:
+            super().close()
+        finally:
+            if self._backend is not None:
+                backend, self._backend = self._backend, None
+                backend.close()
+
+    @property
+    def mode(self) -> str:
+        """``root`` (named namespaces) or ``userns`` (an unprivileged user namespace); set
+        when the testbed opens."""
+        return self._mode
+
+    @property
+    def label(self) -> str:
+        """What every output of this testbed is labelled with, e.g. ``netns 4g: 20 Mbit/s``."""
+        return f"netns {self.shaping.profile.describe()}"
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def _ready(self) -> Backend:
+        if self._backend is None:
+            raise TestbedError("the testbed is not open; use it in a with block")
+        return self._backend
+
+    def address(self, node: str) -> str:
+        return self._ready().address(self.node(node))
+
+    def namespace(self, node: str) -> str:
+        """The network namespace name of ``node``."""
+        return f"{self.prefix}{self.node(node)}"
+
+    def _namespace_name(self, node: str) -> str | None:
+        return f"{self.prefix}{node}"
+
+    @property
+    def server_namespace(self) -> str:
+        return self.namespace("srv")
+
+    @property
+    def device_namespaces(self) -> list[str]:
+        """The namespace names of the devices, in order."""
+        return [self.namespace(node) for node in self.device_nodes]
+
+    def _enter(self, node: str) -> tuple[str, ...]:
+        return self._ready().namespaces[node].enter
+
+    def _proc_net(self, node: str, name: str) -> str:
+        return self._ready().proc_net(node, name)
+
+    # --- links ----------------------------------------------------------------------------
+
+    @property
+    def shaping(self) -> AppliedShaping:
+        if self._shaping is None:
+            raise TestbedError("the testbed is not open; use it in a with block")
+        return self._shaping
+
+    def set_profile(self, profile: LinkProfile | str, direction: str | None = None) -> None:
+        """Shape every device link with ``profile`` (replacing the current shaping) in
+        ``direction`` (default: as before). Parts this kernel cannot apply (delay without
+        netem) are left out with a :class:`ShapingWarning` and a note in :attr:`shaping`."""
+        direction = direction or (self._shaping.direction if self._shaping else "both")
+        self._shaping = self._ready().shape(as_profile(profile), direction)
+        for note in self._shaping.notes:
+            if "NOT applied" in note:
+                warnings.warn(note, ShapingWarning, stacklevel=2)
+
+    def counters(self) -> Counters:
+        return Counters.from_raw(self._ready().counters(), label=self.label, shaped=True)
