@@ -467,3 +467,14 @@ def test_random_messages_roundtrip(
             src = np.asarray(leaves(tensors)[path])
             if src.flags.f_contiguous and not src.flags.c_contiguous:
                 assert arr.flags.f_contiguous
+
+
+def test_stream_takes_pieces_bigger_than_its_read_size():
+    from tensorwire.wire import MessageStream, encode_message
+
+    arr = np.arange(1 << 20, dtype=np.float64)  # 8 MiB, bigger than max_read
+    data = encode_message({"x": arr}).to_bytes()
+    stream = MessageStream(max_read=1 << 16)
+    stream.receive_data(data[:12345])
+    stream.receive_data(data[12345:])
+    np.testing.assert_array_equal(stream.next_event()["x"], arr)

@@ -134,9 +134,10 @@ class TransferRig:
 
 
 def random_tensor(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
-    """Normal random data: what model weights and updates look like to a compressor."""
+    """Normal random data at full precision: what model weights and updates look like to a
+    compressor (float64 drawn as float64: float32 cast up would leave mantissa bits zero)."""
     rng = np.random.default_rng(seed)
-    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
 
 
 def time_trials(

@@ -299,7 +299,7 @@ class MessageStream:
                 if taken:
                     mv = mv[taken:]
                     continue
-            k = min(len(self._dst) - self._pos, len(mv))
+            k = min(len(self._dst) - self._pos, len(mv), self.max_read)  # hash while cache-hot
             self._dst[self._pos : self._pos + k] = mv[:k]
             mv = mv[k:]
             self.advance(k)
