@@ -18,6 +18,11 @@ KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
         "channel": "tensorwire.transports.tcp.TcpChannel",
         "extra": None,
     },
+    "zmq+tcp": {
+        "hub": "tensorwire.transports.zmq.ZmqHub",
+        "channel": "tensorwire.transports.zmq.ZmqChannel",
+        "extra": "zmq",
+    },
     "udp": {
         "hub": "tensorwire.transports.udp.UdpHub",
         "channel": "tensorwire.transports.udp.UdpChannel",
