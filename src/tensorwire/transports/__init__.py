@@ -38,6 +38,11 @@ KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
         "channel": "tensorwire.transports.mqtt.MqttChannel",
         "extra": "mqtt",
     },
+    "flight": {
+        "hub": "tensorwire.transports.flight.FlightHub",
+        "channel": "tensorwire.transports.flight.FlightChannel",
+        "extra": "flight",
+    },
 }
 
 

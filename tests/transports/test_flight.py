@@ -1,0 +1,272 @@
+"""flight:// specifics: batching without copies, the two-call session, hostile clients."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import tensorwire
+from tensorwire.errors import PeerGone, TransportTimeout, WireError
+from tensorwire.transports import flight as tw_flight
+from tensorwire.transports.url import host_port
+from tensorwire.wire import encode_message
+
+T = 20.0
+
+
+def _until(cond, timeout=T) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def hub():
+    with tensorwire.serve("flight://127.0.0.1:0") as h:
+        yield h
+
+
+@dataclass
+class RawSession:
+    """A session opened with plain pyarrow.flight calls, to misbehave in ways a channel won't."""
+
+    client: flight.FlightClient
+    down: flight.FlightStreamReader
+    down_writer: flight.FlightStreamWriter
+    up: flight.FlightStreamWriter
+
+    def close(self) -> None:
+        for closable in (self.up, self.down_writer, self.client):
+            with contextlib.suppress(pa.ArrowException):  # the hub ended the call first
+                closable.close()
+
+
+def _raw_session(
+    url: str, client_id: str, uplink: bool = True, schema: pa.Schema = tw_flight.SCHEMA
+) -> RawSession:
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(url)))
+    down_writer, down = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.DOWN))
+    hello = {"client_id": client_id, "decoders": [], "session": client_id}
+    down_writer.write_metadata(encode_message(None, hello, kind="hello").to_bytes())
+    down_writer.done_writing()
+    up = None
+    if uplink:
+        up, _ = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, client_id))
+        up.begin(schema)
+    return RawSession(client, down, down_writer, up)
+
+
+def test_pieces_are_capped_and_big_tensors_go_uncopied():
+    big = np.arange(3 << 18, dtype=np.float32)  # 3 MiB
+    tensors = {"big": big, "empty": np.zeros(0), **{f"s{i}": np.full(10, i) for i in range(50)}}
+    enc = encode_message(tensors)
+    for _ in range(2):  # the second walk finds the digests cached, as a broadcast does
+        pieces = list(tw_flight._pieces(enc, 1 << 20))
+        assert max(len(p) for p in pieces) <= 1 << 20
+        assert b"".join(bytes(p) for p in pieces) == enc.to_bytes()
+        from_big = [p for p in pieces if np.shares_memory(np.frombuffer(p, np.uint8), big)]
+        assert sum(len(p) for p in from_big) == big.nbytes
+        assert len(pieces) == 3 + 2  # the big tensor in three, the small ones joined around it
+
+
+def test_batch_bytes_are_views_of_the_arrow_buffer():
+    data = np.arange(1000, dtype=np.uint8)
+    batch = tw_flight._batch(memoryview(data))
+    view = tw_flight._batch_bytes(batch)
+    assert bytes(view) == data.tobytes() and np.shares_memory(np.frombuffer(view, np.uint8), data)
+
+
+def test_tiny_batches_round_trip_both_ways():
+    tensors = {
+        "big": np.random.default_rng(0).standard_normal((300, 500)),
+        "small": {f"t{i}": np.arange(i, dtype=np.int16) for i in range(30)},
+        "empty": np.zeros((0, 3), np.float32),
+    }
+    with (
+        tensorwire.serve("flight://127.0.0.1:0", codec=None, batch_bytes=4096) as hub,
+        tensorwire.connect(hub.url, client_id="c", codec=None, batch_bytes=3000) as ch,
+    ):
+        hub.wait_for(1, timeout=T)
+        hub.send("c", tensors)
+        first = ch.recv(timeout=T)
+        hub.send("c", tensors)
+        second = ch.recv(timeout=T, out=first.tensors)
+        assert second["big"] is first["big"]
+        assert np.array_equal(second["big"], tensors["big"])
+        ch.send(tensors)
+        _, back = hub.recv(timeout=T)
+    assert np.array_equal(back["big"], tensors["big"])
+    for i in range(30):
+        assert np.array_equal(back["small"][f"t{i}"], np.arange(i, dtype=np.int16))
+    assert back["empty"].shape == (0, 3)
+
+
+def test_batch_of_another_schema_ends_the_session_with_a_wire_error(hub):
+    reasons = {}
+    hub.on_leave = lambda cid, reason: reasons.setdefault(cid, reason)
+    good = tensorwire.connect(hub.url, client_id="good")
+    ints = pa.RecordBatch.from_arrays(
+        [pa.Array.from_buffers(pa.int64(), 4, [None, pa.py_buffer(np.arange(4))])], names=["n"]
+    )
+    evil = _raw_session(hub.url, "evil", schema=ints.schema)
+    hub.wait_for(2, timeout=T)
+    evil.up.write_batch(ints)
+    assert _until(lambda: hub.errors)
+    assert _until(lambda: "evil" in reasons) and "not a tensorwire message" in reasons["evil"]
+    assert isinstance(hub.errors[0][1], WireError) and hub.clients == ["good"]
+    good.send({"v": np.arange(3)})
+    assert hub.recv(timeout=T)[0] == "good"
+    evil.close()
+    good.close()
+
+
+def test_bad_control_message_is_reported_and_the_session_goes_on(hub):
+    raw = _raw_session(hub.url, "odd")
+    hub.wait_for(1, timeout=T)
+    raw.up.write_metadata(b"not a message")
+    raw.up.write_batch(tw_flight._batch(encode_message({"v": np.arange(3)}).to_bytes()))
+    client, msg = hub.recv(timeout=T)
+    assert client == "odd" and np.array_equal(msg["v"], np.arange(3))
+    assert len(hub.errors) == 1 and isinstance(hub.errors[0][1], WireError)
+    assert hub.clients == ["odd"]
+    raw.close()
+
+
+def test_junk_hello_is_reported_and_refused(hub):
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.DOWN))
+    writer.write_metadata(b"GET / HTTP/1.1\r\n\r\n")
+    writer.done_writing()
+    with pytest.raises(StopIteration):
+        reader.read_chunk()  # the hub ends the call without a welcome
+    assert isinstance(hub.errors[0][1], WireError) and hub.clients == []
+    client.close()
+
+
+def test_unknown_descriptor_is_refused_with_a_clear_error(hub):
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
+    _, reader = client.do_exchange(flight.FlightDescriptor.for_path("other"))
+    with pytest.raises(flight.FlightServerError, match="tensorwire hub"):
+        reader.read_chunk()
+    client.close()
+
+
+def test_session_without_uplink_is_refused(hub, monkeypatch):
+    monkeypatch.setattr(tw_flight, "HANDSHAKE_TIMEOUT", 0.2)
+    raw = _raw_session(hub.url, "half", uplink=False)
+    with pytest.raises(StopIteration):
+        raw.down.read_chunk()  # no welcome: the session never joined
+    assert hub.clients == []
+    raw.client.close()
+
+
+def test_hub_close_says_bye_to_channels():
+    hub = tensorwire.serve("flight://127.0.0.1:0")
+    ch = tensorwire.connect(hub.url, client_id="c")
+    hub.wait_for(1, timeout=T)
+    t = time.monotonic()
+    hub.close()
+    assert time.monotonic() - t < tw_flight.SHUTDOWN_TIMEOUT
+    with pytest.raises(PeerGone, match="closed the session"):
+        ch.recv(timeout=T)
+    with pytest.raises(PeerGone):
+        ch.send({"v": np.zeros(1)})
+    ch.close()
+
+
+def test_client_whose_process_dies_leaves(hub):
+    reasons = {}
+    hub.on_leave = lambda cid, reason: reasons.setdefault(cid, reason)
+    code = (
+        "import sys, time, tensorwire\n"
+        f"ch = tensorwire.connect({hub.url!r}, client_id='doomed')\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        hub.wait_for(1, timeout=T)
+    finally:
+        proc.kill()
+        proc.wait(timeout=T)
+    assert _until(lambda: "doomed" in reasons) and "connection broke" in reasons["doomed"]
+    assert hub.clients == []
+
+
+def test_send_to_a_client_that_stops_reading_times_out_and_drops_it(hub):
+    raw = _raw_session(hub.url, "stuck")
+    hub.wait_for(1, timeout=T)
+    raw.down.read_chunk()  # the welcome; then it reads nothing more
+    big = np.ones(64 << 20, np.uint8)
+    t = time.monotonic()
+    with pytest.raises(TransportTimeout, match="dropped"):
+        hub.send("stuck", {"x": big}, timeout=0.5)
+    assert time.monotonic() - t < T / 2
+    assert hub.clients == []
+    raw.close()  # ends the blocked write, so the hub closes promptly
+
+
+class _DeafHub(flight.FlightServerBase):
+    """Welcomes a channel, then never reads its uplink."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0))
+        self.release = threading.Event()
+
+    def do_exchange(self, context, descriptor, reader, writer) -> None:
+        if tuple(descriptor.path) == tw_flight.DOWN:
+            reader.read_chunk()
+            writer.begin(tw_flight.SCHEMA)
+            welcome = encode_message(None, {"decoders": [], "version": 1}, kind="welcome")
+            writer.write_metadata(welcome.to_bytes())
+        self.release.wait(T)
+
+
+def test_channel_send_to_a_hub_that_stops_reading_times_out():
+    server = _DeafHub()
+    try:
+        ch = tensorwire.connect(f"flight://127.0.0.1:{server.port}", client_id="c", codec=None)
+        t = time.monotonic()
+        with pytest.raises(TransportTimeout):
+            ch.send({"x": np.ones(64 << 20, np.uint8)}, timeout=0.5)
+        assert time.monotonic() - t < T / 2
+        with pytest.raises(PeerGone, match="reconnect"):
+            ch.send({"x": np.ones(1)})
+        ch.close()
+    finally:
+        server.release.set()
+        server.shutdown()
+
+
+def test_channel_waits_for_a_hub_that_starts_later():
+    probe = socket.create_server(("127.0.0.1", 0))
+    url = f"flight://127.0.0.1:{probe.getsockname()[1]}"
+    probe.close()
+    result: dict[str, object] = {}
+
+    def client() -> None:
+        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
+            result["msg"] = ch.recv(timeout=T)
+
+    t = threading.Thread(target=client)
+    t.start()
+    time.sleep(0.3)
+    with tensorwire.serve(url) as hub:
+        hub.wait_for(1, timeout=T)
+        hub.send("early", {"v": np.arange(3)})
+        t.join(T)
+    assert np.array_equal(result["msg"]["v"], np.arange(3))
