@@ -153,7 +153,7 @@ def _print_targets(rows: list[dict], big_mib: int) -> None:
         ),
     ]
     at = {"case": "gsoc", "dtype": "float64", "shape": "3000x3000"}
-    for lib in ("pyzmq", "arrow-flight"):
+    for lib in ("pyzmq", "pyarrow-flight"):
         checks.append(
             (
                 f"tcp vs {lib}, 3000x3000 float64 (target >= 2x)",
