@@ -48,13 +48,19 @@ import pika
 import pika.exceptions as px
 
 from tensorwire.errors import ChunkError, PeerGone, TransportError, TransportTimeout, WireError
-from tensorwire.transports.base import PROTOCOL_VERSION, Channel, Hub, deadline_after, remaining
+from tensorwire.transports.base import (
+    PROTOCOL_VERSION,
+    Channel,
+    Hub,
+    control_message,
+    deadline_after,
+    remaining,
+)
 from tensorwire.wire import (
     ChunkReassembler,
     EncodedMessage,
     Limits,
     Message,
-    encode_message,
     iter_chunks,
     new_message_id,
     parse_chunk,
@@ -184,10 +190,6 @@ def _close_quietly(conn: pika.BlockingConnection | None) -> None:
     if conn is not None and conn.is_open:
         with contextlib.suppress(px.AMQPError, OSError):  # already broken: nothing to close
             conn.close()
-
-
-def _control(kind: str, meta: dict[str, Any]) -> EncodedMessage:
-    return encode_message(None, meta, kind=kind)
 
 
 # -- publishing -------------------------------------------------------------------------------
@@ -484,7 +486,9 @@ class AmqpHub(Hub):
         except TransportError as exc:
             log.warning("amqp: refused a hello: %s", exc)
             return
-        welcome = _control("welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION})
+        welcome = control_message(
+            "welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION}
+        )
         with self._bound:
             if not self._admin_op(lambda ch: ch.queue_bind(queue, self._fanout)):
                 log.info("amqp: %r's queue vanished before it joined", sender)
@@ -572,7 +576,7 @@ class AmqpHub(Hub):
         with self._pub.lock:
             with contextlib.suppress(TransportError):  # clients gone or broker gone: done anyway
                 if members:
-                    bye = _control("bye", {})
+                    bye = control_message("bye", {})
                     self._pub.publish_locked(
                         self._fanout, "", bye, self.chunk, deadline_after(BYE_TIMEOUT)
                     )
@@ -660,7 +664,7 @@ class AmqpChannel(Channel):
 
     def _say_hello(self, deadline: float | None, timeout: float) -> None:
         assert self._pub is not None
-        hello = _control(
+        hello = control_message(
             "hello",
             {
                 "client_id": self.client_id,
@@ -770,7 +774,7 @@ class AmqpChannel(Channel):
             self._pub.publish(
                 "",
                 self._uplink,
-                _control("bye", {"queue": self._queue}),
+                control_message("bye", {"queue": self._queue}),
                 self.chunk,
                 deadline_after(BYE_TIMEOUT),
             )

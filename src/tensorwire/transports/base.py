@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tensorwire.codecs import AutoCodec, available_codecs, get_codec, resolve_codecs
-from tensorwire.errors import GatherTimeout, PeerGone, TransportTimeout
+from tensorwire.errors import GatherTimeout, PeerGone, TransportError, TransportTimeout
 from tensorwire.wire import (
     CodecSelector,
     EncodedMessage,
@@ -65,6 +65,23 @@ def deadline_after(timeout: float | None) -> float | None:
 
 def remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def control_message(kind: str, meta: Mapping[str, Any] | None = None) -> EncodedMessage:
+    """A tensorless message of a transport's handshake: "hello", "welcome", "bye" ..."""
+    return encode_message(None, meta, kind=kind)
+
+
+def parse_hello(msg: Message) -> tuple[str, frozenset[str]]:
+    """``(client_id, codecs it decodes)`` from a client's hello; ``TransportError`` if malformed."""
+    meta = msg.meta
+    cid = meta.get("client_id")
+    decoders = meta.get("decoders", [])
+    if msg.kind != "hello" or not isinstance(cid, str) or not cid:
+        raise TransportError(f"expected a hello with a client_id, got kind {msg.kind!r}")
+    if not isinstance(decoders, list) or not all(isinstance(d, str) for d in decoders):
+        raise TransportError("hello: 'decoders' must be a list of codec ids")
+    return cid, frozenset(decoders)
 
 
 class _Endpoint:

@@ -49,10 +49,11 @@ from tensorwire.transports.base import (
     PROTOCOL_VERSION,
     Channel,
     Hub,
+    control_message,
     deadline_after,
+    parse_hello,
     remaining,
 )
-from tensorwire.transports.tcp import _parse_hello
 from tensorwire.transports.url import host_port
 from tensorwire.wire import (
     NEED_DATA,
@@ -61,7 +62,6 @@ from tensorwire.wire import (
     Message,
     MessageStream,
     decode_message,
-    encode_message,
 )
 
 log = logging.getLogger("tensorwire.transports.flight")
@@ -80,7 +80,7 @@ SHUTDOWN_TIMEOUT = 5.0  # seconds the hub waits for its server to stop before le
 
 
 def _control(kind: str, meta: dict[str, Any]) -> bytes:
-    return encode_message(None, meta, kind=kind).to_bytes()
+    return control_message(kind, meta).to_bytes()
 
 
 def _pieces(enc: EncodedMessage, batch_bytes: int) -> Iterator[Any]:
@@ -278,7 +278,7 @@ class FlightHub(Hub):
             if chunk.data is not None or chunk.app_metadata is None:
                 raise WireError("a session must open with a hello in app_metadata, not a batch")
             hello = decode_message(chunk.app_metadata, limits=self.limits)
-            cid, decoders = _parse_hello(hello)
+            cid, decoders = parse_hello(hello)
             session = hello.meta.get("session")
             if not isinstance(session, str) or not 0 < len(session) <= 64:
                 raise TransportError("hello: 'session' must be an id of 1 to 64 characters")

@@ -45,6 +45,7 @@ from tensorwire.transports.base import (
     PROTOCOL_VERSION,
     Channel,
     Hub,
+    control_message,
     deadline_after,
     remaining,
 )
@@ -56,7 +57,6 @@ from tensorwire.wire import (
     EncodedMessage,
     Limits,
     Message,
-    encode_message,
     iter_chunks,
     new_message_id,
     parse_chunk,
@@ -143,7 +143,7 @@ class MqttSettings:
 
 def _control(kind: str, meta: dict[str, Any]) -> bytes:
     """A small control message as the one chunk that carries it."""
-    enc = encode_message(None, meta, kind=kind)
+    enc = control_message(kind, meta)
     return b"".join(next(iter_chunks(enc.frames(), new_message_id(), enc.nbytes)))
 
 

@@ -23,11 +23,13 @@ from tensorwire.transports.base import (
     PROTOCOL_VERSION,
     Channel,
     Hub,
+    control_message,
     deadline_after,
+    parse_hello,
 )
 from tensorwire.transports.stream_socket import StreamReader, send_encoded
 from tensorwire.transports.url import host_port
-from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream, encode_message
+from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.tcp")
 
@@ -37,10 +39,6 @@ BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _control(kind: str, meta: dict[str, Any]) -> EncodedMessage:
-    return encode_message(None, meta, kind=kind)
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -59,17 +57,6 @@ class _Peer:
         _shutdown(self.reader)
         self.writer.close()
         self.reader.close()
-
-
-def _parse_hello(msg: Message) -> tuple[str, frozenset[str]]:
-    meta = msg.meta
-    cid = meta.get("client_id")
-    decoders = meta.get("decoders", [])
-    if msg.kind != "hello" or not isinstance(cid, str) or not cid:
-        raise TransportError(f"expected a hello with a client_id, got kind {msg.kind!r}")
-    if not isinstance(decoders, list) or not all(isinstance(d, str) for d in decoders):
-        raise TransportError("hello: 'decoders' must be a list of codec ids")
-    return cid, frozenset(decoders)
 
 
 class TcpHub(Hub):
@@ -109,9 +96,12 @@ class TcpHub(Hub):
     def _serve_connection(self, conn: socket.socket, addr: Any) -> None:
         reader = StreamReader(conn, MessageStream(limits=self.limits, codec_lookup=get_codec))
         try:
-            cid, decoders = _parse_hello(reader.read_message(deadline_after(HANDSHAKE_TIMEOUT)))
+            cid, decoders = parse_hello(reader.read_message(deadline_after(HANDSHAKE_TIMEOUT)))
             send_encoded(
-                conn, _control("welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION})
+                conn,
+                control_message(
+                    "welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION}
+                ),
             )
         except (WireError, TransportError) as exc:
             log.warning("tcp: refused connection from %s: %s", addr, exc)
@@ -172,7 +162,7 @@ class TcpHub(Hub):
         self._accepting.join(timeout=5)
         with self._lock:
             peers = list(self._peers.values())
-        bye = _control("bye", {})
+        bye = control_message("bye", {})
         for peer in peers:
             with peer.send_lock, contextlib.suppress(TransportError, OSError):
                 send_encoded(peer.writer, bye, deadline_after(BYE_TIMEOUT))
@@ -233,7 +223,7 @@ class TcpChannel(Channel):
                 "decoders": self.decoders,
                 "version": PROTOCOL_VERSION,
             }
-            send_encoded(self._wsock, _control("hello", hello), deadline)
+            send_encoded(self._wsock, control_message("hello", hello), deadline)
             welcome = self._reader.read_message(deadline)
         except (WireError, TransportError):
             self._drop()
@@ -285,5 +275,5 @@ class TcpChannel(Channel):
         if self._closed:
             return
         with self._send_lock, contextlib.suppress(TransportError, OSError):
-            send_encoded(self._wsock, _control("bye", {}), deadline_after(BYE_TIMEOUT))
+            send_encoded(self._wsock, control_message("bye", {}), deadline_after(BYE_TIMEOUT))
         self._drop()

@@ -61,10 +61,11 @@ from tensorwire.transports.base import (
     PROTOCOL_VERSION,
     Channel,
     Hub,
+    control_message,
     deadline_after,
+    parse_hello,
     remaining,
 )
-from tensorwire.transports.tcp import _control, _parse_hello
 from tensorwire.transports.url import host_port
 from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
 
@@ -373,7 +374,7 @@ class ZmqHub(Hub):
 
     def _welcome(self, ident: bytes, cid: str, hello: Message, fd: int) -> None:
         try:
-            claimed, decoders = _parse_hello(hello)
+            claimed, decoders = parse_hello(hello)
             if claimed != cid:
                 raise TransportError(f"hello names {claimed!r} but the ZeroMQ identity is {cid!r}")
         except TransportError as exc:
@@ -391,7 +392,7 @@ class ZmqHub(Hub):
 
     def _send_control(self, ident: bytes, kind: str, meta: dict[str, Any] | None = None) -> None:
         try:
-            self._queue(ident, _control(kind, meta or {}))
+            self._queue(ident, control_message(kind, meta or {}))
         except TransportError as exc:
             log.info("zmq: could not send %s to %r: %s", kind, _peer_name(ident), exc)
 
@@ -442,7 +443,7 @@ class ZmqHub(Hub):
         if self._io.is_alive():
             log.error("zmq: the hub's reader thread did not stop; leaving its sockets open")
             return
-        bye = _control("bye", {})
+        bye = control_message("bye", {})
         with self._lock:
             for ident in list(self._fd_of):
                 with contextlib.suppress(zmq.ZMQError):
@@ -513,7 +514,9 @@ class ZmqChannel(Channel):
                 raise TransportError(f"cannot connect to {self.url}: {exc}") from None
         try:
             hello = {"client_id": self.client_id, "decoders": self.decoders}
-            self._send_encoded(_control("hello", {**hello, "version": PROTOCOL_VERSION}), deadline)
+            self._send_encoded(
+                control_message("hello", {**hello, "version": PROTOCOL_VERSION}), deadline
+            )
             welcome = self._next_message(deadline, None)
         except TransportTimeout:
             self._drop()
@@ -667,6 +670,6 @@ class ZmqChannel(Channel):
             linger = 0.0
             if not self._lost:
                 with contextlib.suppress(zmq.ZMQError):
-                    _transmit(self._dealer, _control("bye", {}))
+                    _transmit(self._dealer, control_message("bye", {}))
                     linger = BYE_TIMEOUT
             self._teardown(linger)

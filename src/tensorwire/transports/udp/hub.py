@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from tensorwire.errors import ChunkError, PeerGone, TransportError, WireError
-from tensorwire.transports.base import PROTOCOL_VERSION, Hub
-from tensorwire.transports.tcp import _parse_hello
+from tensorwire.transports.base import PROTOCOL_VERSION, Hub, parse_hello
 from tensorwire.transports.udp.link import Link, Received, UdpStats, decode_received
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.options import parse_udp_url
@@ -168,7 +167,7 @@ class UdpHub(Hub):
             self._end_handshake(hs)
             return
         try:
-            cid, decoders = _parse_hello(first)
+            cid, decoders = parse_hello(first)
             address = (hs.address[0], _udp_port(first))
         except TransportError as exc:
             log.warning("udp: refused control connection from %s: %s", where, exc)
