@@ -28,6 +28,11 @@ KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
         "channel": "tensorwire.transports.udp.UdpChannel",
         "extra": None,
     },
+    "shm": {
+        "hub": "tensorwire.transports.shm.ShmHub",
+        "channel": "tensorwire.transports.shm.ShmChannel",
+        "extra": None,
+    },
     "amqp": {
         "hub": "tensorwire.transports.amqp.AmqpHub",
         "channel": "tensorwire.transports.amqp.AmqpChannel",
