@@ -30,14 +30,16 @@ def run_tensorwire(url: str, client_id: str, reuse: bool) -> None:
     with tensorwire.connect(url, client_id=client_id, codec=None, timeout=120) as ch:
         out = None
         while True:
-            before = _rss_bytes()
+            before = None if reuse else _rss_bytes()  # memory is measured on fresh receives
             try:
-                msg = ch.recv(out=out if reuse else None)
+                msg = ch.recv(out=out)
             except PeerGone:
                 return
             if reuse:
                 out = msg.tensors
-            ch.send(None, {"ack": True, "rss_before": before, "rss_peak": _peak_rss_bytes()})
+                ch.send(None, {"ack": True})
+            else:
+                ch.send(None, {"ack": True, "rss_before": before, "rss_peak": _peak_rss_bytes()})
             del msg
 
 

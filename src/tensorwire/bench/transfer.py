@@ -58,13 +58,13 @@ class TransferTrial:
     baseline: str | None = None  # the trial this one is compared with
 
 
-def _cpus() -> list[int]:
-    return sorted(os.sched_getaffinity(0))
+# The CPUs this process may use, read before pinned_sender() narrows the calling thread's.
+_CPUS = sorted(os.sched_getaffinity(0))
 
 
 def spawn_peer(*args: str) -> subprocess.Popen[bytes]:
     """Start a receiver process (``tensorwire.bench.peer``), on the last CPU when there are 2+."""
-    pin = ["--cpu", str(_cpus()[-1])] if len(_cpus()) > 1 else []
+    pin = ["--cpu", str(_CPUS[-1])] if len(_CPUS) > 1 else []
     return subprocess.Popen([sys.executable, "-m", "tensorwire.bench.peer", *pin, *args])
 
 
@@ -72,8 +72,8 @@ def spawn_peer(*args: str) -> subprocess.Popen[bytes]:
 def pinned_sender() -> Iterator[None]:
     """Run this thread (and the threads it starts) on the first CPU only, if there are two+."""
     before = os.sched_getaffinity(0)
-    if len(before) > 1:
-        os.sched_setaffinity(0, {min(before)})
+    if len(_CPUS) > 1:
+        os.sched_setaffinity(0, {_CPUS[0]})
     try:
         yield
     finally:
@@ -113,7 +113,7 @@ class TransferRig:
 
         def once(arr: np.ndarray) -> float:
             t = time.perf_counter()
-            hub.send("bench-peer", {"x": arr}, timeout=_ACK_TIMEOUT)
+            hub.send("bench-peer", {"x": arr})
             hub.recv(timeout=_ACK_TIMEOUT)
             return time.perf_counter() - t
 
