@@ -64,7 +64,7 @@ def test_callables_are_used_as_they_are() -> None:
 
 
 def test_unknown_names_list_the_choices() -> None:
-    with pytest.raises(CodecConfigError, match=r"'snappy'.*raw, none, auto, blosc2, lz4"):
+    with pytest.raises(CodecConfigError, match=r"'snappy'.*raw, none, auto.*blosc2.*lz4"):
         resolve_codecs("snappy")
 
 
@@ -72,3 +72,14 @@ def test_unknown_names_list_the_choices() -> None:
 def test_other_specs_are_refused(spec: object) -> None:
     with pytest.raises(CodecConfigError, match="codec="):
         resolve_codecs(spec)
+
+
+def test_lossy_names_resolve_to_their_selector():
+    import numpy as np
+
+    from tensorwire.codecs import LossySelector
+
+    selector = resolve_codecs("topk")
+    chain = selector("w", np.ones(100_000, np.float32))
+    assert chain and chain[0].get_config()["id"] == "topk"
+    assert isinstance(resolve_codecs("fp16"), LossySelector)

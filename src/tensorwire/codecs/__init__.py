@@ -3,7 +3,8 @@
 Every codec follows numcodecs' shape: ``encode(buf)``, ``decode(buf, out=None)`` into a
 preallocated buffer, ``get_config()`` / ``from_config()`` with an ``"id"``. lz4, zstd,
 zlib, lzma and blosc2 share one block container (:mod:`tensorwire.codecs.blocked`) whose
-blocks are (de)compressed in parallel threads (:func:`set_threads`).
+blocks are (de)compressed in parallel threads (:func:`set_threads`). Lossy tensor
+compressors and error feedback are in :mod:`tensorwire.codecs.lossy` (:func:`lossy_selector`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,21 @@ from tensorwire.codecs.abc import DEFAULT_MAX_DECODED_SIZE, Codec
 from tensorwire.codecs.auto import AutoCodec, CodecEstimate
 from tensorwire.codecs.blocked import BlockedCodec
 from tensorwire.codecs.blosc2 import Blosc2
+from tensorwire.codecs.lossy import (
+    BF16,
+    DGC,
+    FP16,
+    LOSSY_CODECS,
+    QSGD,
+    ErrorFeedback,
+    Int8,
+    LossyCodec,
+    LossySelector,
+    RandomK,
+    SignSGD,
+    TopK,
+    lossy_selector,
+)
 from tensorwire.codecs.lz4 import LZ4
 from tensorwire.codecs.registry import available_codecs, get_codec, register_codec
 from tensorwire.codecs.resolve import NAMED_CODEC_MIN_SIZE, FixedChainSelector, resolve_codecs
@@ -19,7 +35,7 @@ from tensorwire.codecs.threads import get_threads, set_threads
 from tensorwire.codecs.zlib import Zlib
 from tensorwire.codecs.zstd import Zstd
 
-for _codec in (LZ4, Zstd, Zlib, Blosc2):
+for _codec in (LZ4, Zstd, Zlib, Blosc2, *LOSSY_CODECS.values()):
     register_codec(_codec)
 
 try:  # CPython can be built without liblzma
@@ -30,21 +46,33 @@ else:
     register_codec(LZMA)
 
 __all__ = [
+    "BF16",
     "DEFAULT_MAX_DECODED_SIZE",
+    "DGC",
+    "FP16",
     "LZ4",
     "LZMA",
     "NAMED_CODEC_MIN_SIZE",
+    "QSGD",
     "AutoCodec",
     "BlockedCodec",
     "Blosc2",
     "Codec",
     "CodecEstimate",
+    "ErrorFeedback",
     "FixedChainSelector",
+    "Int8",
+    "LossyCodec",
+    "LossySelector",
+    "RandomK",
+    "SignSGD",
+    "TopK",
     "Zlib",
     "Zstd",
     "available_codecs",
     "get_codec",
     "get_threads",
+    "lossy_selector",
     "register_codec",
     "resolve_codecs",
     "set_threads",

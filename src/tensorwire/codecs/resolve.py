@@ -69,6 +69,10 @@ def _resolve_name(name: str) -> CodecSelector:
         return FixedChainSelector([])
     if key == "auto":
         return AutoCodec()
+    from tensorwire.codecs.lossy import LOSSY_CODECS, lossy_selector  # lossy imports resolve
+
+    if key in LOSSY_CODECS:  # they need each tensor's dtype: a selector builds them
+        return lossy_selector(key)
     if key in available_codecs():
         try:
             codec = get_codec({"id": key})
