@@ -21,22 +21,64 @@ from tensorwire.fl.train import load_numpy_state, state_to_numpy, train_local
 log = logging.getLogger("tensorwire.fl")
 
 
+class _Device:
+    """What a device keeps between rounds: its settings, shard, model and last global model."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self.cfg: FLConfig | None = None
+        self.data: Dataset | None = None
+        self.shard: Any = None
+        self.model: Any = None
+        self.global_state: StateDict | None = None
+
+    def setup(self, meta: dict[str, Any]) -> FLConfig:
+        cfg = FLConfig.from_dict(meta["config"])
+        self.data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed)
+        shards = split_indices(
+            self.data.train_y, cfg.clients, cfg.split, alpha=cfg.alpha, seed=cfg.seed
+        )
+        self.shard = shards[meta["shards"][self.client_id]]
+        self.model = build_model(cfg.model, self.data.num_classes)
+        self.cfg = cfg
+        return cfg
+
+    def train_round(self, msg: tensorwire.Message, r: int) -> tuple[StateDict, Any]:
+        """Load the global model the message carries, train, return ``(update, result)``."""
+        assert self.cfg is not None and self.data is not None
+        received = msg.tensors["weights"]
+        if msg.meta.get("delta"):
+            assert self.global_state is not None
+            received = apply_update(self.global_state, received)
+        self.global_state = {k: v.copy() for k, v in received.items()}
+        load_numpy_state(self.model, self.global_state)
+        cfg = self.cfg
+        result = train_local(
+            self.model,
+            self.data.train_x[self.shard],
+            self.data.train_y[self.shard],
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            seed=cfg.seed * 1000 + r,
+        )
+        return model_update(state_to_numpy(self.model), self.global_state), result
+
+
 def run_client(url: str, client_id: str, *, timeout: float = 600.0, threads: int = 1) -> int:
     """Take part in rounds until the server says done; return the number of rounds trained.
 
     The run's settings (data set, model, compressor ...) come from the server with the first
     global model, so every device trains the same way. ``threads`` caps torch's CPU threads.
+    A failure is reported to the server (so its error names this device), then raised.
     """
     torch.set_num_threads(threads)
-    cfg: FLConfig | None = None
+    device = _Device(client_id)
     rows: list[dict[str, Any]] = []
     rounds = 0
     ch = tensorwire.connect(url, client_id=client_id, codec=None, timeout=timeout)
     try:
-        data: Dataset | None = None
-        shard = None
-        model = None
-        global_state: StateDict | None = None
         while True:
             try:
                 msg = ch.recv(timeout=timeout)
@@ -46,46 +88,20 @@ def run_client(url: str, client_id: str, *, timeout: float = 600.0, threads: int
                 ch.send(None, {"records": rows})
                 return rounds
             r = msg.meta["round"]
-            if cfg is None:
-                cfg = FLConfig.from_dict(msg.meta["config"])
-                ch.set_codec(uplink_codec(cfg))
-                data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed)
-                index = msg.meta["shards"][client_id]
-                shard = split_indices(
-                    data.train_y, cfg.clients, cfg.split, alpha=cfg.alpha, seed=cfg.seed
-                )[index]
-                model = build_model(cfg.model, data.num_classes)
-            assert data is not None and shard is not None and model is not None
-            received = msg.tensors["weights"]
-            if msg.meta.get("delta"):
-                assert global_state is not None
-                received = apply_update(global_state, received)
-            global_state = {k: v.copy() for k, v in received.items()}
             rows += transfer_rows(r, "device", [msg.record], client_id)
             try:
-                load_numpy_state(model, global_state)
-                result = train_local(
-                    model,
-                    data.train_x[shard],
-                    data.train_y[shard],
-                    epochs=cfg.epochs,
-                    batch_size=cfg.batch_size,
-                    lr=cfg.lr,
-                    momentum=cfg.momentum,
-                    seed=cfg.seed * 1000 + r,
-                )
+                if device.cfg is None:
+                    ch.set_codec(uplink_codec(device.setup(msg.meta)))
+                update, result = device.train_round(msg, r)
             except Exception as exc:  # tell the server why, instead of vanishing
                 log.exception("fl: device %s failed in round %d", client_id, r)
-                ch.send(
-                    None,
-                    {
-                        "round": r,
-                        "error": f"{type(exc).__name__}: {exc}",
-                        "traceback": traceback.format_exc(),
-                    },
-                )
+                error = {
+                    "round": r,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                }
+                ch.send(None, error)
                 raise
-            update = model_update(state_to_numpy(model), global_state)
             sent = ch.send(
                 {"update": update},
                 meta={

@@ -6,6 +6,8 @@ from typing import Any
 
 from tensorwire.fl.config import FLConfig
 
+SPARSIFIERS = ("topk", "randomk", "dgc")  # the compressors that take a kept fraction
+
 
 def uplink_codec(cfg: FLConfig) -> Any:
     """The device's codec selector for its updates (None: raw)."""
@@ -13,7 +15,10 @@ def uplink_codec(cfg: FLConfig) -> Any:
         return None
     from tensorwire.codecs import lossy_selector
 
-    return lossy_selector(cfg.uplink, ratio=cfg.ratio, error_feedback=cfg.error_feedback)
+    params = {"ratio": cfg.ratio} if cfg.uplink in SPARSIFIERS else {}
+    # error feedback on: each compressor's own default (on where it is biased); off: off
+    feedback = None if cfg.error_feedback else False
+    return lossy_selector(cfg.uplink, error_feedback=feedback, **params)
 
 
 def downlink_codec(cfg: FLConfig) -> Any:
