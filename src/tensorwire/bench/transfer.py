@@ -40,7 +40,6 @@ _ACK_TIMEOUT = 300.0
 # The library each transport wraps, as a baseline module in tensorwire.bench.baselines.
 WRAPPED_LIBRARY = {
     "tcp": "socket",
-    "udp": "socket",
     "zmq": "pyzmq",
     "mqtt": "paho",
     "amqp": "pika",

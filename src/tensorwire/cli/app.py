@@ -220,5 +220,174 @@ def bench_codec_cmd(
     console.print(f"results: {', '.join(str(p) for p in paths)}")
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in _split(text))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a list of numbers like 0,0.05,0.1") from None
+
+
+@bench_app.command("fl")
+def bench_fl_cmd(
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="digits, VGG-5, 4 devices, 3 rounds, every protocol, 4g (other options "
+            "given still apply)."
+        ),
+    ] = False,
+    protocols: Annotated[
+        str | None, typer.Option(help="Comma-separated protocols, or 'all'. [default: all]")
+    ] = None,
+    models: Annotated[str | None, typer.Option(help="vgg5, vgg8. [default: vgg5,vgg8]")] = None,
+    profiles: Annotated[
+        str | None,
+        typer.Option(
+            help="Link profiles, ';'-separated: 3g, 4g, wifi, lan, none or custom such as "
+            "'20mbit,delay=30ms'. [default: 3g;4g;wifi]"
+        ),
+    ] = None,
+    loss: Annotated[
+        str | None, typer.Option(help="Packet loss fractions, e.g. 0,0.05,0.1,0.2. [default: 0]")
+    ] = None,
+    stress: Annotated[
+        str | None, typer.Option(help="Stress kinds: none, cpu, network. [default: none]")
+    ] = None,
+    uplink: Annotated[
+        str | None,
+        typer.Option(
+            help="Uplink compressors: none fp16 bf16 int8 qsgd topk randomk dgc signsgd. "
+            "[default: none]"
+        ),
+    ] = None,
+    ratio: Annotated[
+        float | None, typer.Option(help="Fraction topk / randomk / dgc keep. [default: 0.01]")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds. [default: 5]")] = None,
+    clients: Annotated[int | None, typer.Option(min=1, help="Devices. [default: 4]")] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="digits, cifar10, synthetic. [default: digits]")
+    ] = None,
+    reps: Annotated[int | None, typer.Option(min=1, help="Repetitions. [default: 1]")] = None,
+    network_mbit: Annotated[
+        float | None,
+        typer.Option(help="Load the network stressor offers per device, Mbit/s. [default: 250]"),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run directory (done experiments skipped).")
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Go on with the run in this directory, with the matrix it recorded."),
+    ] = None,
+) -> None:
+    """FedAvg over every protocol on the emulated testbed (FedComm): table, figures, report."""
+    import json
+
+    from tensorwire.bench.fl import run_matrix
+    from tensorwire.bench.fl_matrix import Matrix, registered_protocols
+
+    if resume is not None:
+        try:
+            recorded = json.loads((resume / "manifest.json").read_text())["matrix"]
+        except (OSError, KeyError, ValueError) as exc:
+            raise typer.BadParameter(f"{resume} holds no bench fl run to resume: {exc}") from None
+        matrix, out = Matrix.from_config(recorded), resume
+    else:
+        given = {
+            "protocols": None
+            if protocols in (None, "all")
+            else tuple(_split(protocols.replace("zmq+tcp", "zmq"))),
+            "models": tuple(_split(models)) if models else None,
+            "profiles": tuple(p.strip() for p in profiles.split(";") if p.strip())
+            if profiles
+            else None,
+            "losses": _floats(loss) if loss else None,
+            "stresses": tuple(_split(stress)) if stress else None,
+            "uplinks": tuple(_split(uplink)) if uplink else None,
+            "ratio": ratio,
+            "rounds": rounds,
+            "clients": clients,
+            "dataset": dataset,
+            "reps": reps,
+            "network_mbit": network_mbit,
+        }
+        full = {
+            "protocols": tuple(registered_protocols()),
+            "models": ("vgg5", "vgg8"),
+            "profiles": ("3g", "4g", "wifi"),
+            "rounds": 5,
+        }
+        base = Matrix.quick().to_config() if quick else {**Matrix.quick().to_config(), **full}
+        try:
+            matrix = Matrix.from_config(
+                {**base, **{k: v for k, v in given.items() if v is not None}}
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        out = _out_dir(out, "bench-fl")
+    started = time.monotonic()
+    summary = run_matrix(matrix, out, say=console.print)
+    _print_fl_table(out)
+    for key, why in summary.failed.items():
+        console.print(f"[red]failed[/] {key}: {why.splitlines()[0]}")
+    console.print(
+        f"{len(summary.ran)} experiment(s) run, {len(summary.resumed)} done before, "
+        f"{len(summary.skipped)} skipped, {len(summary.failed)} failed; "
+        f"{summary.label}; wall time {time.monotonic() - started:.0f} s"
+    )
+    console.print(f"report: {summary.report}")
+
+
+def _print_fl_table(run_dir: Path) -> None:
+    """The comparison table of a bench fl run, one row per setting."""
+    import pandas as pd
+
+    from tensorwire.bench.fl_results import DIMENSIONS, TABLE
+    from tensorwire.bench.report import key_numbers, varying
+    from tensorwire.bench.tables import print_table
+
+    frame = pd.read_parquet(run_dir / TABLE) if (run_dir / TABLE).is_file() else pd.DataFrame()
+    if frame.empty:
+        console.print("no experiment completed")
+        return
+    by = varying(frame, DIMENSIONS)
+    table = key_numbers(frame, by)
+    names = {
+        "comm_s": "comm s/round",
+        "lower_bound_s": "bound s/round",
+        "ratio": "comm/bound",
+        "payload_MB": "MB/round",
+        "wire_MB": "link MB/round",
+        "retrans_segs": "retrans/round",
+        "final_accuracy_pct": "final acc %",
+    }
+    rows = table.rename(columns=names).to_dict("records")
+    labels = ", ".join(dict.fromkeys(frame["label"]))
+    print_table(rows, f"FedAvg communication ({labels})", [*by, *names.values()], console)
+
+
+@app.command("report")
+def report_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories of `bench fl`.")],
+    out: Annotated[
+        Path | None, typer.Option(help="Where a comparison of several runs goes.")
+    ] = None,
+) -> None:
+    """Rebuild a run's figures and report.html, or compare several runs in one report."""
+    from tensorwire.bench.report import build_report
+
+    for run in runs:
+        if not run.is_dir():
+            raise typer.BadParameter(f"{run} is not a directory")
+    if len(runs) > 1 and out is None:
+        out = _out_dir(None, "compare-fl")
+    try:
+        path = build_report(runs, out)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.print(f"report: {path}")
+
+
 def main() -> None:
     app()

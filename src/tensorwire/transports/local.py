@@ -25,6 +25,8 @@ def local_hub_url(transport: str, tag: str | None = None) -> Iterator[str]:
             yield url
     elif transport == "shm":
         yield f"shm://{tag}"
+    elif transport == "udp":
+        yield "udp://127.0.0.1:0?mtu=65000"  # loopback carries 64 KiB datagrams
     else:
         scheme = "zmq+tcp" if transport == "zmq" else transport
         yield f"{scheme}://127.0.0.1:0"
