@@ -161,9 +161,10 @@ def _print_targets(rows: list[dict], big_mib: int) -> None:
                 paired_ratio(rows, lib, "tensorwire-tcp", **at),
             )
         )
+    wrapped = {f"tensorwire-{t}" for t in ("zmq", "flight", "mqtt", "amqp")}  # issue 3's targets
     for r in rows:
         if (
-            r["transport"] != "tensorwire-tcp"
+            r["transport"] in wrapped
             and r["vs_baseline"] is not None
             and all(r[k] == v for k, v in at.items())
         ):
