@@ -238,41 +238,45 @@ def bench_fl_cmd(
         ),
     ] = False,
     protocols: Annotated[
-        str | None, typer.Option(help="Comma-separated protocols, or 'all'. [default: all]")
+        str | None,
+        typer.Option(
+            help="Comma-separated: tcp zmq udp udp-best-effort mqtt amqp flight, or 'all' "
+            "(every registered transport; shm is skipped). Default: all."
+        ),
     ] = None,
-    models: Annotated[str | None, typer.Option(help="vgg5, vgg8. [default: vgg5,vgg8]")] = None,
+    models: Annotated[str | None, typer.Option(help="vgg5, vgg8. Default: vgg5,vgg8.")] = None,
     profiles: Annotated[
         str | None,
         typer.Option(
             help="Link profiles, ';'-separated: 3g, 4g, wifi, lan, none or custom such as "
-            "'20mbit,delay=30ms'. [default: 3g;4g;wifi]"
+            "'20mbit,delay=30ms'. Default: 3g;4g;wifi."
         ),
     ] = None,
     loss: Annotated[
-        str | None, typer.Option(help="Packet loss fractions, e.g. 0,0.05,0.1,0.2. [default: 0]")
+        str | None, typer.Option(help="Packet loss fractions, e.g. 0,0.05,0.1,0.2. Default: 0.")
     ] = None,
     stress: Annotated[
-        str | None, typer.Option(help="Stress kinds: none, cpu, network. [default: none]")
+        str | None, typer.Option(help="Stress kinds: none, cpu, network. Default: none.")
     ] = None,
     uplink: Annotated[
         str | None,
         typer.Option(
             help="Uplink compressors: none fp16 bf16 int8 qsgd topk randomk dgc signsgd. "
-            "[default: none]"
+            "Default: none."
         ),
     ] = None,
     ratio: Annotated[
-        float | None, typer.Option(help="Fraction topk / randomk / dgc keep. [default: 0.01]")
+        float | None, typer.Option(help="Fraction topk / randomk / dgc keep. Default: 0.01.")
     ] = None,
-    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds. [default: 5]")] = None,
-    clients: Annotated[int | None, typer.Option(min=1, help="Devices. [default: 4]")] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds. Default: 5.")] = None,
+    clients: Annotated[int | None, typer.Option(min=1, help="Devices. Default: 4.")] = None,
     dataset: Annotated[
-        str | None, typer.Option(help="digits, cifar10, synthetic. [default: digits]")
+        str | None, typer.Option(help="digits, cifar10, synthetic. Default: digits.")
     ] = None,
-    reps: Annotated[int | None, typer.Option(min=1, help="Repetitions. [default: 1]")] = None,
+    reps: Annotated[int | None, typer.Option(min=1, help="Repetitions. Default: 1.")] = None,
     network_mbit: Annotated[
         float | None,
-        typer.Option(help="Load the network stressor offers per device, Mbit/s. [default: 250]"),
+        typer.Option(help="Load the network stressor offers per device, Mbit/s. Default: 250."),
     ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Run directory (done experiments skipped).")
@@ -328,7 +332,11 @@ def bench_fl_cmd(
             raise typer.BadParameter(str(exc)) from None
         out = _out_dir(out, "bench-fl")
     started = time.monotonic()
-    summary = run_matrix(matrix, out, say=console.print)
+    try:
+        summary = run_matrix(matrix, out, say=console.print)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; go on with: tensorwire bench fl --resume {out}")
+        raise typer.Exit(130) from None
     _print_fl_table(out)
     for key, why in summary.failed.items():
         console.print(f"[red]failed[/] {key}: {why.splitlines()[0]}")

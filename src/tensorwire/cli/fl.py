@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,6 +37,41 @@ ErrorFeedback = Annotated[
 ]
 Downlink = Annotated[str, typer.Option(help="Global model: none, fp16, delta.")]
 Out = Annotated[Path | None, typer.Option(help="Results directory.")]
+ACK_POLL = 0.002  # seconds between looks at the progress acknowledgement file
+
+
+class ProgressFile:
+    """Events of a server run appended to a file as JSON lines, for a watching process:
+    ``ready`` (with the hub's URL), one ``round`` per round (its row), ``done``.
+
+    With ``wait_ack`` > 0, after each round the server waits up to that many seconds until
+    ``FILE.ack`` holds the round's number, so the watcher can read counters between rounds."""
+
+    def __init__(self, path: Path, wait_ack: float = 0.0) -> None:
+        self.path = path
+        self.ack = path.with_name(path.name + ".ack")
+        self.wait_ack = wait_ack
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        self.ack.unlink(missing_ok=True)  # an old run's ack would release this one's rounds
+
+    def write(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, "time": time.time(), **fields}, default=str)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+    def round(self, row: dict[str, Any]) -> None:
+        self.write("round", **row)
+        deadline = time.monotonic() + self.wait_ack
+        # Polled: the watcher answers through a file, the one channel both sides share.
+        while time.monotonic() < deadline and not self._acked(row["round"]):
+            time.sleep(ACK_POLL)
+
+    def _acked(self, round_: int) -> bool:
+        try:
+            return int(self.ack.read_text() or 0) >= round_
+        except (OSError, ValueError):
+            return False
 
 
 def _config(**kwargs):
@@ -139,7 +175,22 @@ def server_cmd(
     ratio: Ratio = 0.01,
     error_feedback: ErrorFeedback = True,
     downlink: Downlink = "none",
+    join_timeout: Annotated[float, typer.Option(help="Seconds to wait for all devices.")] = 120.0,
+    round_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for a round's updates.")
+    ] = 600.0,
     out: Out = None,
+    progress: Annotated[
+        Path | None,
+        typer.Option(help="Append JSON lines to this file: ready (hub URL), each round, done."),
+    ] = None,
+    progress_ack: Annotated[
+        float,
+        typer.Option(
+            help="After each round wait up to this many seconds for PROGRESS.ack to hold the "
+            "round's number (a watcher reads counters between rounds); 0: do not wait."
+        ),
+    ] = 0.0,
 ) -> None:
     """Serve FedAvg at URL until every round is done; devices join with `tensorwire fl client`."""
     from tensorwire.fl.results import write_run
@@ -162,16 +213,27 @@ def server_cmd(
         ratio=ratio,
         error_feedback=error_feedback,
         downlink=downlink,
+        join_timeout=join_timeout,
+        round_timeout=round_timeout,
     )
-    result = run_server(
-        url,
-        cfg,
-        on_ready=lambda u: console.print(f"serving at {u}"),
-        on_round=lambda row: console.print(f"round {row['round']}: accuracy {row['accuracy']:.3f}"),
-    )
+    events = ProgressFile(progress, progress_ack) if progress else None
+
+    def ready(hub_url: str) -> None:
+        console.print(f"serving at {hub_url}")
+        if events:
+            events.write("ready", url=hub_url)
+
+    def round_done(row: dict[str, Any]) -> None:
+        console.print(f"round {row['round']}: accuracy {row['accuracy']:.3f}")
+        if events:
+            events.round(row)
+
+    result = run_server(url, cfg, on_ready=ready, on_round=round_done)
     _print_rounds(result.rounds)
     out = out or Path("results") / f"fl-server-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"results: {write_run(result, out, {'url': url})}")
+    if events:
+        events.write("done", out=str(out))
 
 
 @fl_app.command("client")

@@ -1,8 +1,10 @@
 """Find a Mosquitto broker that answers, or run a private one for as long as it is needed.
 
 A private broker gets its own port (a free one unless given), its own directory for config and
-log, listens on 127.0.0.1 only, keeps nothing on disk and lets anyone in; ``stop()`` ends the
-process and removes the directory. Nothing here needs paho: the probe speaks MQTT itself.
+log, listens on 127.0.0.1 only (or the ``bind`` address), keeps nothing on disk and lets anyone
+in; ``stop()`` ends the process and removes the directory. With a ``command_prefix`` (e.g.
+``ip netns exec NS``) it runs behind it, in a testbed's server namespace, and is probed from
+there. Nothing here needs paho: the probe speaks MQTT itself.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+from tensorwire.transports.brokers.readiness import wait_answering
 from tensorwire.transports.url import host_port
 
 DEFAULT_PORT = 1883
@@ -75,6 +77,8 @@ class MosquittoBroker:
     """A private Mosquitto on ``127.0.0.1:port``; use as a context manager (or start/stop).
 
     ``settings`` are extra ``mosquitto.conf`` lines, e.g. ``{"max_packet_size": "65536"}``.
+    ``bind`` is the address it listens on (and its URL names); ``command_prefix`` an argv
+    prefix it is started behind, e.g. ``["ip", "netns", "exec", "NS"]``.
     """
 
     host = "127.0.0.1"
@@ -86,8 +90,12 @@ class MosquittoBroker:
         settings: Mapping[str, str] | None = None,
         binary: str = "mosquitto",
         startup_timeout: float = 10.0,
+        bind: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.port = port
+        self.host = bind
+        self.command_prefix = list(command_prefix)
         self.settings = dict(settings or {})
         self.binary = binary
         self.startup_timeout = startup_timeout
@@ -120,28 +128,31 @@ class MosquittoBroker:
         """Start the broker and wait until it answers; raise with its log if it does not."""
         binary = find_mosquitto(self.binary)
         if self.port == 0:
-            self.port = _free_port(self.host)
+            # Behind a prefix the broker's namespace is elsewhere: any port free here will do.
+            self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-mosquitto-"))
         conf = self.dir / "mosquitto.conf"
         conf.write_text(self._config())
         with open(self.dir / "mosquitto.log", "wb") as log:
             self._proc = subprocess.Popen(
-                [binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, cwd=self.dir
+                [*self.command_prefix, binary, "-c", str(conf)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
             )
-        deadline = time.monotonic() + self.startup_timeout
-        # Polled: a starting process gives no signal to wait on but its listening port.
-        while not mosquitto_answers(self.host, self.port, timeout=0.5):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                log_tail = (self.dir / "mosquitto.log").read_text(errors="replace")[-2000:]
-                running = self._proc.poll() is None
-                self.stop()
-                error = TransportTimeout if running else TransportError
-                raise error(
-                    f"mosquitto on {self.host}:{self.port} did not start"
-                    f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
-                    f"its log:\n{log_tail}"
-                )
-            time.sleep(0.05)
+        target = f"{self.host}:{self.port}"
+        if not wait_answering(
+            self._proc, "mqtt", target, self.startup_timeout, self.command_prefix
+        ):
+            log_tail = (self.dir / "mosquitto.log").read_text(errors="replace")[-2000:]
+            running = self._proc.poll() is None
+            self.stop()
+            error = TransportTimeout if running else TransportError
+            raise error(
+                f"mosquitto on {target} did not start"
+                f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
+                f"its log:\n{log_tail}"
+            )
         return self
 
     def stop(self) -> None:

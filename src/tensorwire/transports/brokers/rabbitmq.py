@@ -6,7 +6,9 @@ port, and every file it writes in one temporary directory: database, logs, confi
 enabled-plugins list (empty) and the Erlang cookie (``HOME`` points there). It listens on
 127.0.0.1 only and lets the URL's user in. ``stop()`` asks the node to stop
 (``rabbitmqctl stop``), kills what is left of its process group, ends its epmd and removes the
-directory. pika is imported only to probe a broker.
+directory. With a ``command_prefix`` (e.g. ``ip netns exec NS``) the node, its epmd and
+``rabbitmqctl`` run behind it, in a testbed's server namespace, and it is probed from there;
+``bind`` is the address its AMQP listener takes. pika is imported only to probe a broker.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+from tensorwire.transports.brokers.readiness import wait_answering
 
 DEFAULT_PORT = 5672
 INSTALL_HINT = "apt-get install rabbitmq-server (Debian/Ubuntu), dnf install rabbitmq-server"
@@ -91,7 +93,9 @@ class RabbitMQBroker:
     """A private RabbitMQ node on ``127.0.0.1:port``; use as a context manager (or start/stop).
 
     ``user``/``password``/``vhost`` are created at first boot; ``settings`` are extra
-    ``rabbitmq.conf`` lines, e.g. ``{"max_message_size": "33554432"}``.
+    ``rabbitmq.conf`` lines, e.g. ``{"max_message_size": "33554432"}``. ``bind`` is the
+    address the AMQP listener takes (and its URL names); ``command_prefix`` an argv prefix
+    every program of the node is started behind, e.g. ``["ip", "netns", "exec", "NS"]``.
     """
 
     host = "127.0.0.1"
@@ -106,8 +110,12 @@ class RabbitMQBroker:
         settings: Mapping[str, str] | None = None,
         binary: str = "rabbitmq-server",
         startup_timeout: float = 60.0,
+        bind: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.port = port
+        self.host = bind
+        self.command_prefix = list(command_prefix)
         self.user, self.password, self.vhost = user, password, vhost
         self.settings = dict(settings or {})
         self.binary = binary
@@ -139,6 +147,8 @@ class RabbitMQBroker:
             "default_pass": self.password,
             "default_vhost": self.vhost,
             "log.file.level": "warning",
+            # RabbitMQ lets "guest" in from loopback only; a node bound elsewhere lets it in.
+            **({} if self.host.startswith("127.") else {"loopback_users": "none"}),
             **self.settings,
         }
         return "".join(f"{k} = {v}\n" for k, v in lines.items())
@@ -146,6 +156,7 @@ class RabbitMQBroker:
     def _environment(self, epmd_port: int) -> dict[str, str]:
         assert self.dir is not None
         d = self.dir
+        local = "127.0.0.1"  # epmd and Erlang distribution stay on the node's own loopback
         return {
             **os.environ,
             "HOME": str(d),  # the Erlang cookie lives in $HOME: a private one
@@ -153,7 +164,7 @@ class RabbitMQBroker:
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": self.host,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(_free_port(self.host)),
+            "RABBITMQ_DIST_PORT": str(_free_port(local)),
             "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
@@ -161,7 +172,7 @@ class RabbitMQBroker:
             "RABBITMQ_LOG_BASE": str(d / "log"),
             "RABBITMQ_PID_FILE": str(d / "node.pid"),
             "ERL_EPMD_PORT": str(epmd_port),
-            "ERL_EPMD_ADDRESS": self.host,
+            "ERL_EPMD_ADDRESS": local,
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
 
@@ -173,44 +184,43 @@ class RabbitMQBroker:
         if epmd is None:
             raise MissingDependency(f"Erlang's epmd is not installed: {INSTALL_HINT}")
         if self.port == 0:
-            self.port = _free_port(self.host)
+            # Behind a prefix the node's namespace is elsewhere: any port free here will do.
+            self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-rabbitmq-"))
         (self.dir / "rabbitmq-env.conf").write_text("")
         (self.dir / "enabled_plugins").write_text("[].\n")
         (self.dir / "rabbitmq.conf").write_text(self._config())
-        epmd_port = _free_port(self.host)
+        epmd_port = _free_port("127.0.0.1")
         self._env = self._environment(epmd_port)
         log = self.dir / "startup.log"
         with open(log, "wb") as out:
             # Our own epmd in the foreground, so it is ours to end (a node would start a daemon).
             self._epmd = subprocess.Popen(
-                [epmd, "-port", str(epmd_port), "-address", self.host],
+                [*self.command_prefix, epmd, "-port", str(epmd_port), "-address", "127.0.0.1"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self._env,
             )
             self._proc = subprocess.Popen(
-                [str(server)],
+                [*self.command_prefix, str(server)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
                 env=self._env,
                 start_new_session=True,  # its own process group: stop() can end all of it
             )
-        deadline = time.monotonic() + self.startup_timeout
-        # Polled: a booting node gives no signal to wait on but its AMQP port.
-        while not rabbitmq_answers(self.url(), timeout=1.0):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                running = self._proc.poll() is None
-                log_tail = log.read_text(errors="replace")[-3000:]
-                self.stop()
-                error = TransportTimeout if running else TransportError
-                raise error(
-                    f"RabbitMQ node {self.node} on {self.host}:{self.port} did not start"
-                    f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
-                    f"its log:\n{log_tail}"
-                )
-            time.sleep(0.2)
+        if not wait_answering(
+            self._proc, "amqp", self.url(), self.startup_timeout, self.command_prefix
+        ):
+            running = self._proc.poll() is None
+            log_tail = log.read_text(errors="replace")[-3000:]
+            self.stop()
+            error = TransportTimeout if running else TransportError
+            raise error(
+                f"RabbitMQ node {self.node} on {self.host}:{self.port} did not start"
+                f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
+                f"its log:\n{log_tail}"
+            )
         return self
 
     def stop(self) -> None:
@@ -219,7 +229,7 @@ class RabbitMQBroker:
             if self._proc.poll() is None and self._ctl is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                     subprocess.run(
-                        [str(self._ctl), "-n", self.node, "stop"],
+                        [*self.command_prefix, str(self._ctl), "-n", self.node, "stop"],
                         env=self._env,
                         capture_output=True,
                         timeout=STOP_TIMEOUT,

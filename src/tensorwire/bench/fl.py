@@ -1,0 +1,579 @@
+"""``tensorwire bench fl``: the FedComm benchmark, FedAvg runs on the emulated testbed.
+
+For each :class:`~tensorwire.bench.fl_matrix.Experiment` the links get the experiment's
+profile and loss; a broker (mqtt, amqp) starts inside the server namespace; the FL server runs
+as its own process there (``tensorwire fl server``) and each device as its own process in its
+namespace (``tensorwire fl client``, one torch thread); a stressor loads the devices or their
+links for the run, bounded in time. The server appends an event per round to
+``progress.jsonl`` and waits for an acknowledgement, and in between this process reads the
+testbed's counters, so each round's retransmissions and link bytes are exactly its own.
+
+A run directory holds ``manifest.json`` and ``experiments/<key>/``, each with
+``manifest.json``, ``rounds.parquet``, ``transfers.parquet``, ``counters.parquet``,
+``progress.jsonl``, ``logs/`` and, once complete, ``done``: a rerun skips those. Then
+``experiments.parquet``, ``figures/`` and ``report.html`` are made from all of them.
+Where no network namespaces can be made the run goes on :class:`LoopbackTestbed`, and every
+output says "unshaped loopback".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tensorwire.bench.fl_matrix import PROTOCOL_SCHEMES, Experiment, Matrix
+from tensorwire.errors import MissingDependency, TensorwireError
+from tensorwire.testbed import (
+    Counters,
+    LoopbackTestbed,
+    Stressor,
+    Testbed,
+    cpu_stress,
+    network_stress,
+    probe_capabilities,
+)
+from tensorwire.testbed.base import BaseTestbed, stop_all
+
+SERVER_PORT = 5555  # the FL server's port in the server namespace (a fresh one: always free)
+MQTT_PORT = 1883
+AMQP_PORT = 5672
+JOIN_TIMEOUT = 180.0  # seconds the server waits for every device (2 s of torch import each)
+ROUND_TIMEOUT = 600.0  # seconds the server waits for a round's updates
+ACK_TIMEOUT = 5.0  # seconds the server waits, after a round, for the counters to be read
+DEVICE_EXIT_GRACE = 30.0  # seconds the server gets to notice a failed device and end
+POLL = 0.01  # seconds between looks at the processes and the progress file
+# udp paces datagram payloads; a 1472-byte payload is a 1514-byte frame (97 %), and tbf
+# counts frames: pacing at 95 % of the link rate keeps its queue from overflowing.
+UDP_PACE = 0.95
+DONE = "done"
+FAILED = "failed"
+
+
+class ExperimentFailed(TensorwireError, RuntimeError):
+    """An experiment's server or devices failed or ran out of time; the message says why."""
+
+
+@dataclasses.dataclass
+class RunSummary:
+    """What :func:`run_matrix` did: experiments run now (``ran``), found done from before
+    (``resumed``), skipped with a reason, failed with a reason; the report's path."""
+
+    out_dir: Path
+    label: str
+    ran: list[str] = dataclasses.field(default_factory=list)
+    resumed: list[str] = dataclasses.field(default_factory=list)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    report: Path | None = None
+    seconds: float = 0.0
+
+
+# --- what can run here ---------------------------------------------------------------------
+
+
+def protocol_problem(protocol: str) -> str | None:
+    """Why ``protocol`` cannot run on this machine (a missing extra or broker), or None."""
+    from tensorwire.transports import KNOWN_TRANSPORTS
+
+    if protocol == "shm":
+        return "shm:// is same-host shared memory: it never crosses the testbed's links"
+    scheme = PROTOCOL_SCHEMES[protocol]
+    entry = KNOWN_TRANSPORTS.get(scheme)
+    if entry is None:
+        return f"{scheme}:// is not registered"
+    try:
+        importlib.import_module(str(entry["hub"]).rpartition(".")[0])
+        if protocol == "mqtt":
+            from tensorwire.transports.brokers.mosquitto import find_mosquitto
+
+            find_mosquitto()
+        elif protocol == "amqp":
+            from tensorwire.transports.brokers.rabbitmq import find_rabbitmq
+
+            find_rabbitmq()
+    except MissingDependency as exc:
+        return str(exc)
+    except ImportError as exc:
+        hint = f"pip install 'tensorwire[{entry['extra']}]'" if entry["extra"] else "reinstall"
+        return f"{scheme}:// needs {exc.name or exc}: {hint}"
+    return None
+
+
+def skip_reasons(matrix: Matrix, testbed: BaseTestbed) -> dict[str, str]:
+    """Experiment key -> why it cannot run here (protocol, loss on loopback, a stress tool)."""
+    caps = probe_capabilities()
+    protocols = {p: protocol_problem(p) for p in matrix.protocols}
+    tools = {"cpu": "tool:stress-ng", "network": "tool:iperf3"}
+    reasons = {}
+    for exp in matrix.experiments():
+        why = protocols[exp.protocol]
+        if why is None and exp.loss and not testbed.shaped:
+            why = "packet loss needs the namespace testbed (this is an unshaped loopback run)"
+        if why is None and exp.stress in tools and not caps.has(tools[exp.stress]):
+            why = caps[tools[exp.stress]].reason
+        if why is not None:
+            reasons[exp.key] = why
+    return reasons
+
+
+def choose_testbed(devices: int, say: Callable[[str], None]) -> BaseTestbed:
+    """A namespace :class:`Testbed` with ``devices`` devices (to open); where namespaces
+    cannot be made, say why and return a :class:`LoopbackTestbed` ("unshaped loopback")."""
+    caps = probe_capabilities()
+    if caps.mode is None:
+        why = "; ".join(caps[n].reason for n in ("root", "userns", "netns") if n in caps.items)
+        say(
+            f"[yellow]no network namespaces here ({why}): running unshaped on loopback, "
+            "and every result is labelled 'unshaped loopback'[/]"
+        )
+        return LoopbackTestbed(devices=devices)
+    return Testbed(devices=devices)
+
+
+# --- one experiment ------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    """A port free for both TCP and UDP on 127.0.0.1 (udp:// takes the same number for both)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.bind(("127.0.0.1", 0))
+            port = tcp.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+
+
+@dataclasses.dataclass
+class Endpoints:
+    """Where the server listens and where devices connect, and the broker if there is one."""
+
+    server_url: str
+    device_url: str
+    broker: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def endpoints(testbed: BaseTestbed, exp: Experiment) -> Iterator[Endpoints]:
+    """The URLs of ``exp``'s server and devices; for mqtt / amqp a private broker runs inside
+    the server node for the duration, bound to the server's address."""
+    address = testbed.server_address
+    tag = f"tw-{exp.key[:40]}-{os.getpid()}"
+    prefix = testbed.command("srv", [])
+    if exp.protocol == "mqtt":
+        from tensorwire.transports.brokers.mosquitto import MosquittoBroker
+
+        port = MQTT_PORT if testbed.shaped else 0
+        with MosquittoBroker(port, bind=address, command_prefix=prefix) as broker:
+            url = broker.url(tag)
+            yield Endpoints(url, url, {"kind": "mosquitto", "url": url, "pid": broker.pid})
+        return
+    if exp.protocol == "amqp":
+        from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker
+
+        port = AMQP_PORT if testbed.shaped else 0
+        with RabbitMQBroker(port, bind=address, command_prefix=prefix) as broker:
+            url = broker.url(prefix=tag)
+            yield Endpoints(url, url, {"kind": "rabbitmq", "url": url, "node": broker.node})
+        return
+    scheme = PROTOCOL_SCHEMES[exp.protocol]
+    port = SERVER_PORT if testbed.shaped else _free_port()
+    listen = "0.0.0.0" if testbed.shaped else address
+    server, device = f"{scheme}://{listen}:{port}", f"{scheme}://{address}:{port}"
+    if scheme == "udp":
+        mode = "best-effort" if exp.protocol == "udp-best-effort" else "reliable"
+        rate = exp.link_profile().rate if testbed.shaped else None
+        pace = f"&rate={int(rate * UDP_PACE)}" if rate else ""
+        server += f"?mode={mode}{pace}"
+        device += f"?mode={mode}{pace}"
+    yield Endpoints(server, device)
+
+
+def _python_tensorwire(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tensorwire", *args]
+
+
+def server_command(exp: Experiment, url: str, exp_dir: Path) -> list[str]:
+    """``tensorwire fl server`` for ``exp``, writing results and progress into ``exp_dir``."""
+    return _python_tensorwire(
+        "fl",
+        "server",
+        "--url",
+        url,
+        "--dataset",
+        exp.dataset,
+        "--model",
+        exp.model,
+        "--clients",
+        str(exp.clients),
+        "--rounds",
+        str(exp.rounds),
+        "--uplink",
+        exp.uplink,
+        "--ratio",
+        repr(exp.ratio),
+        "--seed",
+        str(exp.rep),
+        "--join-timeout",
+        str(JOIN_TIMEOUT),
+        "--round-timeout",
+        str(ROUND_TIMEOUT),
+        "--out",
+        str(exp_dir),
+        "--progress",
+        str(exp_dir / "progress.jsonl"),
+        "--progress-ack",
+        str(ACK_TIMEOUT),
+    )
+
+
+def device_command(url: str, device: int) -> list[str]:
+    """``tensorwire fl client`` as device ``device``, one torch thread."""
+    return _python_tensorwire(
+        "fl",
+        "client",
+        "--url",
+        url,
+        "--id",
+        str(device),
+        "--threads",
+        "1",
+        "--timeout",
+        str(max(JOIN_TIMEOUT, ROUND_TIMEOUT)),
+    )
+
+
+def experiment_limit(exp: Experiment) -> float:
+    """Seconds after which an experiment is stopped as failed: join plus every round."""
+    return JOIN_TIMEOUT + exp.rounds * ROUND_TIMEOUT + 60.0
+
+
+class ProgressReader:
+    """New events of a server's ``progress.jsonl`` (whole lines only), and its ``.ack``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ack_path = path.with_name(path.name + ".ack")
+        self._offset = 0
+        self._partial = b""
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def ack(self, round_: int) -> None:
+        self.ack_path.write_text(str(round_))
+
+
+def _tail(path: Path, chars: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def _counter_rows(counters: Counters, point: str, round_: int) -> list[dict[str, Any]]:
+    now = time.time()
+    return [{"point": point, "round": round_, "time": now, **row} for row in counters.rows()]
+
+
+def _start_stress(testbed: BaseTestbed, exp: Experiment, network_mbit: float) -> Stressor | None:
+    seconds = experiment_limit(exp)
+    if exp.stress == "cpu":
+        return cpu_stress(testbed, workers=1, seconds=seconds)
+    if exp.stress == "network":
+        return network_stress(testbed, mbit=network_mbit, seconds=seconds)
+    return None
+
+
+def run_experiment(
+    testbed: BaseTestbed,
+    exp: Experiment,
+    exp_dir: Path,
+    *,
+    network_mbit: float = 250.0,
+    on_round: Callable[[int], None] | None = None,
+) -> None:
+    """Run ``exp`` on the open ``testbed`` into ``exp_dir`` (replaced), ending with ``done``.
+    :class:`ExperimentFailed` (with the log's end) if the server or a device fails."""
+    shutil.rmtree(exp_dir, ignore_errors=True)
+    logs = exp_dir / "logs"
+    logs.mkdir(parents=True)
+    if testbed.shaped:
+        testbed.set_profile(exp.link_profile())
+    started = time.time()
+    readings: list[dict[str, Any]] = []
+    processes: list[subprocess.Popen[Any]] = []
+    stressor: Stressor | None = None
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with endpoints(testbed, exp) as ends:
+        try:
+            readings += _counter_rows(testbed.counters(), "start", 0)
+            stressor = _start_stress(testbed, exp, network_mbit)
+            with open(logs / "server.log", "wb") as log:
+                server = testbed.popen(
+                    "srv",
+                    server_command(exp, ends.server_url, exp_dir),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            processes.append(server)
+            # Devices start with the server: each retries connecting until the hub is up,
+            # so their torch import overlaps the server's.
+            for i, node in enumerate(testbed.device_nodes, start=1):
+                with open(logs / f"device-{i}.log", "wb") as log:
+                    processes.append(
+                        testbed.popen(
+                            node,
+                            device_command(ends.device_url, i),
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                        )
+                    )
+            finished = _watch(testbed, exp, exp_dir, server, processes[1:], on_round, readings)
+            readings += _counter_rows(testbed.counters(), "end", exp.rounds)
+        finally:
+            if stressor is not None:
+                stressor.stop()
+            # Once the server said done its results are written and the devices' records
+            # are in: what is left is five interpreters' teardown, seconds on two cores.
+            stop_all(processes)
+    if not finished:
+        raise ExperimentFailed(
+            f"{exp.key}: the server exited with {server.returncode}; its log ends:\n"
+            f"{_tail(logs / 'server.log')}"
+        )
+    if not (exp_dir / "rounds.parquet").is_file():
+        raise ExperimentFailed(f"{exp.key}: the server wrote no rounds.parquet")
+    # TCP rows and link rows have different fields: a frame takes the union of them.
+    pd.DataFrame(readings).to_parquet(exp_dir / "counters.parquet", index=False)
+    _write_manifest(testbed, exp, exp_dir, ends, started, stressor, network_mbit)
+    (exp_dir / DONE).write_text(json.dumps({"seconds": time.time() - started}) + "\n")
+
+
+def _watch(
+    testbed: BaseTestbed,
+    exp: Experiment,
+    exp_dir: Path,
+    server: subprocess.Popen[Any],
+    devices: list[subprocess.Popen[Any]],
+    on_round: Callable[[int], None] | None,
+    readings: list[dict[str, Any]],
+) -> bool:
+    """Follow the server until it says done (True) or ends without (False), appending the
+    counters at each round boundary to ``readings`` before acknowledging the round."""
+    progress = ProgressReader(exp_dir / "progress.jsonl")
+    limit = time.monotonic() + experiment_limit(exp)
+    device_failed_at: float | None = None
+
+    def handle(events: list[dict[str, Any]]) -> bool:
+        for event in events:
+            if event.get("event") == "round":
+                readings.extend(_counter_rows(testbed.counters(), "round", event["round"]))
+                progress.ack(event["round"])
+                if on_round:
+                    on_round(event["round"])
+            elif event.get("event") == "done":
+                return True
+        return False
+
+    # Polled: the server's only signals are its progress file and its exit.
+    while server.poll() is None:
+        if handle(progress.events()):
+            return True
+        now = time.monotonic()
+        if now > limit:
+            raise ExperimentFailed(
+                f"{exp.key}: not done within {experiment_limit(exp):.0f} s; the server's log "
+                f"ends:\n{_tail(exp_dir / 'logs' / 'server.log')}"
+            )
+        failed = [i for i, d in enumerate(devices, start=1) if d.poll() not in (None, 0)]
+        if failed and device_failed_at is None:
+            device_failed_at = now
+        if device_failed_at is not None and now - device_failed_at > DEVICE_EXIT_GRACE:
+            log = exp_dir / "logs" / f"device-{failed[0]}.log"
+            raise ExperimentFailed(
+                f"{exp.key}: device {failed[0]} exited with {devices[failed[0] - 1].returncode};"
+                f" its log ends:\n{_tail(log)}"
+            )
+        time.sleep(POLL)
+    return handle(progress.events())
+
+
+def _write_manifest(
+    testbed: BaseTestbed,
+    exp: Experiment,
+    exp_dir: Path,
+    ends: Endpoints,
+    started: float,
+    stressor: Stressor | None,
+    network_mbit: float,
+) -> None:
+    """The server's manifest (config, versions, host, commit) plus the experiment's setting."""
+    path = exp_dir / "manifest.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    shaping = testbed.shaping
+    rate = shaping.profile.rate if testbed.shaped else None
+    doc.update(
+        key=exp.key,
+        experiment=exp.to_config(),
+        label=testbed.label,
+        shaped=testbed.shaped,
+        shaping=shaping.to_config(),
+        link_rate_bps={
+            "downlink": rate if shaping.direction in ("both", "down") else None,
+            "uplink": rate if shaping.direction in ("both", "up") else None,
+        },
+        server_url=ends.server_url,
+        device_url=ends.device_url,
+        broker=ends.broker,
+        stress={
+            "kind": exp.stress,
+            "network_mbit": network_mbit if exp.stress == "network" else None,
+        },
+        stress_results=stressor.results() if stressor is not None else None,
+        started=started,
+        seconds=time.time() - started,
+    )
+    path.write_text(json.dumps(doc, indent=2, default=str))
+
+
+# --- the matrix ----------------------------------------------------------------------------
+
+
+def run_label(testbed: BaseTestbed) -> str:
+    """What a whole run is labelled with: shaped namespaces, or "unshaped loopback"."""
+    return "shaped links in network namespaces" if testbed.shaped else testbed.label
+
+
+def _by_reason(skipped: dict[str, str]) -> dict[str, list[str]]:
+    reasons: dict[str, list[str]] = {}
+    for key, why in skipped.items():
+        reasons.setdefault(why, []).append(key.split("_", 1)[0])
+    return {why: list(dict.fromkeys(keys)) for why, keys in reasons.items()}
+
+
+def _run_manifest(
+    matrix: Matrix, testbed: BaseTestbed, summary: RunSummary, started: float
+) -> dict[str, Any]:
+    from tensorwire.fl.results import manifest
+
+    caps = probe_capabilities()
+    return manifest(
+        {
+            "kind": "bench-fl",
+            "matrix": matrix.to_config(),
+            "label": run_label(testbed),
+            "shaped": testbed.shaped,
+            "testbed": {
+                "kind": type(testbed).__name__,
+                "mode": getattr(testbed, "mode", "loopback"),
+                "devices": testbed.devices,
+                "server_address": testbed.server_address,
+            },
+            "capabilities": caps.to_config(),
+            "experiments": [e.key for e in matrix.experiments()],
+            "skipped": summary.skipped,
+            "failed": summary.failed,
+            "seconds": time.time() - started,
+        }
+    )
+
+
+def run_matrix(
+    matrix: Matrix,
+    out_dir: Path,
+    *,
+    say: Callable[[str], None] = print,
+    show_progress: bool = True,
+) -> RunSummary:
+    """Run every experiment of ``matrix`` not done yet in ``out_dir``, then combine the
+    results, draw the figures and write the report. Ctrl-C stops after cleaning up; run
+    again with the same ``out_dir`` to go on where it stopped."""
+    from tensorwire.bench.fl_results import EXPERIMENTS_DIR
+    from tensorwire.bench.report import build_report
+
+    started = time.time()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with choose_testbed(matrix.clients, say) as testbed:
+        summary = RunSummary(out_dir=out_dir, label=run_label(testbed))
+        summary.skipped = skip_reasons(matrix, testbed)
+        for why, keys in _by_reason(summary.skipped).items():
+            say(f"[yellow]skip[/] {len(keys)} experiment(s) ({', '.join(keys)}): {why}")
+        manifest_path = out_dir / "manifest.json"
+        manifest_path.write_text(
+            json.dumps(_run_manifest(matrix, testbed, summary, started), indent=2, default=str)
+        )
+        todo = [e for e in matrix.experiments() if e.key not in summary.skipped]
+        with _progress(show_progress) as bar:
+            task = bar.add_task("experiments", total=len(todo))
+            for exp in todo:
+                exp_dir = out_dir / EXPERIMENTS_DIR / exp.key
+                if (exp_dir / DONE).is_file():
+                    summary.resumed.append(exp.key)
+                    bar.advance(task)
+                    continue
+                what = f"{exp.protocol} {exp.model} {exp.profile}"
+                what += f" loss {exp.loss:g}" if exp.loss else ""
+                what += f" {exp.stress} stress" if exp.stress != "none" else ""
+                what += f" up {exp.codec_label}" if exp.uplink != "none" else ""
+                bar.update(task, description=f"{what}: starting")
+
+                def show(r: int, what: str = what, total: int = exp.rounds) -> None:
+                    bar.update(task, description=f"{what}: round {r}/{total}")
+
+                try:
+                    run_experiment(
+                        testbed, exp, exp_dir, network_mbit=matrix.network_mbit, on_round=show
+                    )
+                except (TensorwireError, OSError) as exc:
+                    summary.failed[exp.key] = str(exc)
+                    (exp_dir / FAILED).write_text(str(exc) + "\n")
+                    say(f"[red]failed[/] {exp.key}: {str(exc)[:2000]}")
+                else:
+                    summary.ran.append(exp.key)
+                bar.advance(task)
+        summary.seconds = time.time() - started
+        manifest_path.write_text(
+            json.dumps(_run_manifest(matrix, testbed, summary, started), indent=2, default=str)
+        )
+    summary.report = build_report([out_dir])
+    summary.seconds = time.time() - started
+    return summary
+
+
+@contextlib.contextmanager
+def _progress(show: bool) -> Iterator[Any]:
+    from tensorwire.bench.progress import progress_bar
+
+    bar = progress_bar()
+    if not show:
+        bar.disable = True
+    with bar:
+        yield bar

@@ -1,0 +1,193 @@
+"""The FedComm experiment matrix: protocols x models x profiles x loss x stress x codecs x reps.
+
+An :class:`Experiment` is one FedAvg run on the testbed; its :attr:`~Experiment.key` names its
+results directory and stays the same for the same settings, so a rerun finds what is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Any
+
+from tensorwire.testbed.profile import LinkProfile, as_profile
+
+STRESSES = ("none", "cpu", "network")
+RATIO_CODECS = ("topk", "randomk", "dgc")  # the uplink codecs that keep a fraction
+# Protocol -> URL scheme; udp also runs in best-effort mode under its own name.
+PROTOCOL_SCHEMES = {
+    "tcp": "tcp",
+    "zmq": "zmq+tcp",
+    "udp": "udp",
+    "udp-best-effort": "udp",
+    "mqtt": "mqtt",
+    "amqp": "amqp",
+    "flight": "flight",
+    "shm": "shm",
+}
+
+
+def codec_label(uplink: str, ratio: float) -> str:
+    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``."""
+    return f"{uplink} {ratio * 100:g}%" if uplink in RATIO_CODECS else uplink
+
+
+def registered_protocols() -> list[str]:
+    """Every registered transport, by the name ``--protocols`` takes (``zmq`` for zmq+tcp)."""
+    from tensorwire.transports import KNOWN_TRANSPORTS
+
+    return [scheme.split("+")[0] for scheme in KNOWN_TRANSPORTS]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One FedAvg run: ``protocol`` (a name of :data:`PROTOCOL_SCHEMES`), ``model``, link
+    ``profile`` (a name or profile string) with packet ``loss`` (a fraction), ``stress``
+    (none, cpu, network), ``uplink`` compressor keeping ``ratio``, and the run's size."""
+
+    protocol: str
+    model: str = "vgg5"
+    profile: str = "4g"
+    loss: float = 0.0
+    stress: str = "none"
+    uplink: str = "none"
+    ratio: float = 0.01
+    rounds: int = 3
+    clients: int = 4
+    dataset: str = "digits"
+    rep: int = 0
+
+    def __post_init__(self) -> None:
+        from tensorwire.fl.config import UPLINK_COMPRESSORS  # tensorwire.fl imports torch
+
+        if self.protocol not in PROTOCOL_SCHEMES:
+            raise ValueError(
+                f"protocol {self.protocol!r}: choose among {', '.join(PROTOCOL_SCHEMES)}"
+            )
+        if self.stress not in STRESSES:
+            raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
+        if self.uplink not in UPLINK_COMPRESSORS:
+            raise ValueError(
+                f"uplink {self.uplink!r}: choose among {', '.join(UPLINK_COMPRESSORS)}"
+            )
+        self.link_profile()  # a profile that does not parse fails here, not mid-run
+
+    @property
+    def codec_label(self) -> str:
+        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``."""
+        return codec_label(self.uplink, self.ratio)
+
+    @property
+    def key(self) -> str:
+        """A directory name that is the same for the same settings, e.g.
+        ``tcp_vgg5_4g_loss0_stress-none_up-none_digits_4dev_3rounds_rep0``."""
+        uplink = self.uplink + (f"{self.ratio:g}" if self.uplink in RATIO_CODECS else "")
+        parts = [
+            self.protocol,
+            self.model,
+            _slug(self.profile),
+            f"loss{self.loss:g}",
+            f"stress-{self.stress}",
+            f"up-{uplink}",
+            self.dataset,
+            f"{self.clients}dev",
+            f"{self.rounds}rounds",
+            f"rep{self.rep}",
+        ]
+        return "_".join(parts)
+
+    def link_profile(self) -> LinkProfile:
+        """The profile the links get: :attr:`profile` with :attr:`loss` applied."""
+        base = as_profile(self.profile)
+        loss = dataclasses.replace(base, loss=self.loss) if self.loss else base
+        name = self.profile if not self.loss else f"{self.profile}, loss {self.loss * 100:g}%"
+        return dataclasses.replace(loss, name=name)
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable dict; :meth:`from_config` restores the experiment."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Experiment:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    """The experiments of a run: every combination of the tuples, ``reps`` times each."""
+
+    protocols: tuple[str, ...]
+    models: tuple[str, ...] = ("vgg5",)
+    profiles: tuple[str, ...] = ("4g",)
+    losses: tuple[float, ...] = (0.0,)
+    stresses: tuple[str, ...] = ("none",)
+    uplinks: tuple[str, ...] = ("none",)
+    ratio: float = 0.01
+    rounds: int = 3
+    clients: int = 4
+    dataset: str = "digits"
+    reps: int = 1
+    network_mbit: float = 250.0  # load the network stressor offers per device, Mbit/s
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.clients < 1 or self.reps < 1:
+            raise ValueError("rounds, clients and reps must be positive")
+        for name in ("protocols", "models", "profiles", "losses", "stresses", "uplinks"):
+            if not getattr(self, name):
+                raise ValueError(f"the matrix needs at least one of {name}")
+        self.experiments()  # every combination must be valid
+
+    @classmethod
+    def quick(cls) -> Matrix:
+        """``--quick``: digits, VGG-5, 4 devices, 3 rounds, every registered protocol, 4g."""
+        return cls(protocols=tuple(registered_protocols()))
+
+    def experiments(self) -> list[Experiment]:
+        """Every experiment, repetition outermost and protocol innermost, so that an
+        interrupted run has whole protocol comparisons."""
+        combos = itertools.product(
+            range(self.reps),
+            self.profiles,
+            self.losses,
+            self.stresses,
+            self.uplinks,
+            self.models,
+            self.protocols,
+        )
+        return [
+            Experiment(
+                protocol=protocol,
+                model=model,
+                profile=profile,
+                loss=loss,
+                stress=stress,
+                uplink=uplink,
+                ratio=self.ratio,
+                rounds=self.rounds,
+                clients=self.clients,
+                dataset=self.dataset,
+                rep=rep,
+            )
+            for rep, profile, loss, stress, uplink, model, protocol in combos
+        ]
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable dict; :meth:`from_config` restores the matrix."""
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Matrix:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names}
+        )
+
+
+def _slug(text: str) -> str:
+    """``text`` made safe for a directory name: a-z 0-9 . - only, the rest as ``-``."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "none"

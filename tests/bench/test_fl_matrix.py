@@ -1,0 +1,76 @@
+"""The experiment matrix: stable keys, order, round trips, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (extra 'fl')")
+
+from tensorwire.bench.fl_matrix import Experiment, Matrix, registered_protocols
+from tensorwire.testbed import ProfileError
+
+
+def test_keys_are_stable_and_tell_every_setting_apart():
+    exp = Experiment("tcp", profile="4g", loss=0.05, stress="cpu", uplink="topk", ratio=0.01)
+    assert exp.key == "tcp_vgg5_4g_loss0.05_stress-cpu_up-topk0.01_digits_4dev_3rounds_rep0"
+    assert Experiment.from_config(exp.to_config()).key == exp.key
+    variants = [
+        Experiment("tcp"),
+        Experiment("mqtt"),
+        Experiment("tcp", model="vgg8"),
+        Experiment("tcp", profile="3g"),
+        Experiment("tcp", loss=0.1),
+        Experiment("tcp", stress="network"),
+        Experiment("tcp", uplink="fp16"),
+        Experiment("tcp", uplink="topk", ratio=0.1),
+        Experiment("tcp", rounds=5),
+        Experiment("tcp", clients=2),
+        Experiment("tcp", dataset="synthetic"),
+        Experiment("tcp", rep=1),
+    ]
+    assert len({v.key for v in variants}) == len(variants)
+
+
+def test_a_custom_profile_becomes_a_safe_directory_name_and_loss_is_applied():
+    exp = Experiment("udp", profile="20mbit,delay=30ms", loss=0.2)
+    assert "/" not in exp.key and "," not in exp.key and "=" not in exp.key
+    profile = exp.link_profile()
+    assert profile.rate == 20e6 and profile.delay == 0.03 and profile.loss == 0.2
+
+
+def test_matrix_runs_every_combination_with_protocols_innermost():
+    matrix = Matrix(protocols=("tcp", "mqtt"), profiles=("3g", "4g"), losses=(0, 0.1), reps=2)
+    exps = matrix.experiments()
+    assert len(exps) == 2 * 2 * 2 * 2
+    assert [e.protocol for e in exps[:4]] == ["tcp", "mqtt", "tcp", "mqtt"]
+    assert exps[0].rep == 0 and exps[-1].rep == 1
+    assert len({e.key for e in exps}) == len(exps)
+    assert Matrix.from_config(matrix.to_config()) == matrix
+
+
+def test_quick_is_the_issue_setting():
+    quick = Matrix.quick()
+    assert quick.protocols == tuple(registered_protocols())
+    assert (quick.models, quick.profiles, quick.rounds, quick.clients, quick.dataset) == (
+        ("vgg5",),
+        ("4g",),
+        3,
+        4,
+        "digits",
+    )
+    assert quick.losses == (0.0,) and quick.stresses == ("none",) and quick.uplinks == ("none",)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("protocol", "carrier-pigeon", ValueError),
+        ("stress", "thermal", ValueError),
+        ("uplink", "zip", ValueError),
+        ("profile", "fast", ProfileError),
+    ],
+)
+def test_bad_settings_fail_when_the_matrix_is_made(field, value, error):
+    settings = {"protocol": "tcp", field: value}
+    with pytest.raises(error):
+        Experiment(**settings)
