@@ -34,8 +34,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -54,6 +52,7 @@ from tensorwire.transports.base import (
     Hub,
     control_message,
     deadline_after,
+    default_client_id,
     remaining,
 )
 from tensorwire.wire import (
@@ -617,7 +616,7 @@ class AmqpChannel(Channel):
         self.chunk = (
             _parse_chunk(chunk) if chunk is not None else self._address.chunk or DEFAULT_CHUNK
         )
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or default_client_id()
         self._uplink = f"{self._address.prefix}.up"
         self._queue = ""
         if len(f"{self._address.prefix}.c.{self.client_id}.12345678".encode()) > _MAX_NAME:

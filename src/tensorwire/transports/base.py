@@ -7,8 +7,11 @@ threads that call :meth:`Hub._joined`, :meth:`Hub._delivered` and :meth:`Hub._le
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +68,11 @@ def deadline_after(timeout: float | None) -> float | None:
 
 def remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def default_client_id() -> str:
+    """``host-pid-random``: unique enough for a client that was given no id."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def control_message(kind: str, meta: Mapping[str, Any] | None = None) -> EncodedMessage:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 import uuid
@@ -51,6 +49,7 @@ from tensorwire.transports.base import (
     Hub,
     control_message,
     deadline_after,
+    default_client_id,
     parse_hello,
     remaining,
 )
@@ -506,7 +505,7 @@ class FlightChannel(Channel):
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or default_client_id()
         host, port = host_port(url)
         self._location = flight.Location.for_grpc_tcp(host, port)
         self._batch_bytes = batch_bytes

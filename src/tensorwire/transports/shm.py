@@ -69,6 +69,7 @@ from tensorwire.transports.base import (
     Channel,
     Hub,
     deadline_after,
+    default_client_id,
     parse_hello,
     remaining,
 )
@@ -764,7 +765,7 @@ class ShmChannel(Channel):
         super().__init__(codec, checksum, limits)
         _seed_bandwidth(self.selector)
         self.url = url
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or default_client_id()
         self._address = _address(name)
         self._trust = trust_other_users
         self._max_segments = max_segments

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +23,7 @@ from tensorwire.transports.base import (
     Hub,
     control_message,
     deadline_after,
+    default_client_id,
     parse_hello,
 )
 from tensorwire.transports.stream_socket import StreamReader, send_encoded
@@ -188,7 +187,7 @@ class TcpChannel(Channel):
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or default_client_id()
         self._address = host_port(url)
         self._send_lock = threading.Lock()
         self._closed = True

@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import selectors
 import socket
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -63,6 +61,7 @@ from tensorwire.transports.base import (
     Hub,
     control_message,
     deadline_after,
+    default_client_id,
     parse_hello,
     remaining,
 )
@@ -473,7 +472,7 @@ class ZmqChannel(Channel):
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or default_client_id()
         self._identity = self.client_id.encode()
         if not 0 < len(self._identity) <= 255 or self._identity[:1] == b"\0":
             raise ValueError(

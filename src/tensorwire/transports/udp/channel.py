@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import socket
 import threading
 import time
-import uuid
 from collections import deque
 from typing import Any
 
 import numpy as np
 
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
-from tensorwire.transports.base import PROTOCOL_VERSION, Channel, deadline_after, remaining
+from tensorwire.transports.base import (
+    PROTOCOL_VERSION,
+    Channel,
+    deadline_after,
+    default_client_id,
+    remaining,
+)
 from tensorwire.transports.stream_socket import send_encoded
 from tensorwire.transports.udp.link import Link, Received, UdpStats, decode_received
 from tensorwire.transports.udp.loop import IoLoop
@@ -59,7 +63,7 @@ class UdpChannel(Channel):
         self.url = url
         host, port, self.options = parse_udp_url(url)
         self._host, self._port = host, port
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or default_client_id()
         self.mode = self.options.mode or "reliable"
         self.udp_stats = UdpStats()
         self._cond = threading.Condition()
