@@ -350,6 +350,8 @@ def bench_fl_cmd(
 
 def _print_fl_table(run_dir: Path) -> None:
     """The comparison table of a bench fl run, one row per setting."""
+    import json
+
     import pandas as pd
 
     from tensorwire.bench.fl_results import DIMENSIONS, TABLE
@@ -372,8 +374,10 @@ def _print_fl_table(run_dir: Path) -> None:
         "final_accuracy_pct": "final acc %",
     }
     rows = table.rename(columns=names).to_dict("records")
-    labels = ", ".join(dict.fromkeys(frame["label"]))
-    print_table(rows, f"FedAvg communication ({labels})", [*by, *names.values()], console)
+    labels = list(dict.fromkeys(frame["label"]))
+    if len(labels) > 1:  # one per profile: the run's own label says it shorter
+        labels = [json.loads((run_dir / "manifest.json").read_text()).get("label", "")]
+    print_table(rows, f"FedAvg communication ({labels[0]})", [*by, *names.values()], console)
 
 
 @app.command("report")
