@@ -617,15 +617,21 @@ class FlightChannel(Channel):
         s = self._live()
         with self._send_lock:
             timer = None
+            expired = threading.Event()  # set before the cancel, so the failed write sees it
+
+            def expire() -> None:
+                expired.set()
+                s.up_call.cancel()
+
             if deadline is not None:  # a blocked gRPC write ends only when its call is cancelled
-                timer = threading.Timer(remaining(deadline) or 0.0, s.up_call.cancel)
+                timer = threading.Timer(remaining(deadline) or 0.0, expire)
                 timer.start()
             try:
                 for piece in _pieces(enc, self._batch_bytes):
                     s.up.write_batch(_batch(piece))
             except pa.ArrowException as exc:
                 self._drop()  # half a message leaves the uplink unusable
-                if timer is not None and timer.finished.is_set():
+                if expired.is_set():
                     raise TransportTimeout(f"send of {enc.nbytes} bytes timed out") from None
                 raise PeerGone(f"session with {self.url} broke: {exc}") from None
             finally:
