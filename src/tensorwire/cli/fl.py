@@ -74,9 +74,13 @@ class ProgressFile:
             return False
 
 
-def _config(**kwargs):
+def _config(options: dict):
+    """The FLConfig a command's options describe (its other options are left out)."""
+    from dataclasses import fields
+
     from tensorwire.fl.config import FLConfig
 
+    kwargs = {f.name: options[f.name] for f in fields(FLConfig) if f.name in options}
     if kwargs.get("data_root") is not None:
         kwargs["data_root"] = str(kwargs["data_root"])
     try:
@@ -130,24 +134,7 @@ def run_cmd(
     from tensorwire.bench.progress import progress_bar
     from tensorwire.fl.run import run_local
 
-    cfg = _config(
-        dataset=dataset,
-        data_root=data_root,
-        model=model,
-        clients=clients,
-        rounds=rounds,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        momentum=momentum,
-        split=split,
-        alpha=alpha,
-        seed=seed,
-        uplink=uplink,
-        ratio=ratio,
-        error_feedback=error_feedback,
-        downlink=downlink,
-    )
+    cfg = _config(locals())
     out = out or Path("results") / f"fl-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
     with progress_bar() as bar:
         task = bar.add_task(f"FedAvg over {protocol}", total=cfg.rounds)
@@ -196,26 +183,7 @@ def server_cmd(
     from tensorwire.fl.results import write_run
     from tensorwire.fl.server import run_server
 
-    cfg = _config(
-        dataset=dataset,
-        data_root=data_root,
-        model=model,
-        clients=clients,
-        rounds=rounds,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        momentum=momentum,
-        split=split,
-        alpha=alpha,
-        seed=seed,
-        uplink=uplink,
-        ratio=ratio,
-        error_feedback=error_feedback,
-        downlink=downlink,
-        join_timeout=join_timeout,
-        round_timeout=round_timeout,
-    )
+    cfg = _config(locals())
     events = ProgressFile(progress, progress_ack) if progress else None
 
     def ready(hub_url: str) -> None:
