@@ -159,6 +159,24 @@ def test_client_leaving_mid_gather_is_not_waited_for(make_hub, connect):
     assert left.wait(T) and hub.clients == ["a"]
 
 
+def test_message_sent_just_before_close_is_delivered(make_hub, connect):
+    # The end of a federated run: the hub says done, each client answers and closes at once.
+    hub = make_hub()
+    chans = [connect(hub.url, client_id=f"dev{i}") for i in range(4)]
+    devices = hub.wait_for(4, timeout=T)
+    hub.broadcast(None, meta={"done": True}, clients=devices)
+    last = np.random.default_rng(2).standard_normal(1 << 19).astype(np.float32)  # 2 MiB
+    for i, ch in enumerate(chans):
+        assert ch.recv(timeout=T).meta == {"done": True}
+        ch.send({"last": last}, meta={"records": [i]})
+        ch.close()
+    got = dict(hub.gather(timeout=T, clients=devices))
+    assert sorted(got) == devices
+    for cid, msg in got.items():
+        assert msg.meta == {"records": [int(cid[3:])]}
+        _assert_same(msg["last"], last)
+
+
 def test_timeouts_are_typed(make_hub, connect):
     hub = make_hub()
     with pytest.raises(TransportTimeout):

@@ -26,7 +26,9 @@ ZeroMQ sockets are not thread-safe. The hub's ROUTER is guarded by a lock: a sen
 calling thread (no hand-off to another thread), and a reader thread takes the lock only to
 read, waiting outside it on the socket's ``ZMQ_FD``. The hub learns of lost connections from a
 socket monitor (``DISCONNECTED`` names the file descriptor; ``ZMQ_SRCFD`` of the hello ties it
-to a client). A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a
+to a client). libzmq queues a connection's last messages on the ROUTER before it reports the
+connection closed, so a client leaves only once a read that began after its ``DISCONNECTED``
+found the ROUTER empty: what it sent just before closing is delivered first. A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a
 time: a thread that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a
 socketpair, so a channel used from one thread pays no hand-off either.
 """
@@ -288,6 +290,7 @@ class ZmqHub(Hub):
         self._readers: dict[bytes, _Reassembler] = {}
         self._fd_of: dict[bytes, int] = {}  # client identity -> fd of its connection
         self._on_fd: dict[int, bytes] = {}
+        self._closing: list[tuple[bytes, int]] = []  # (identity, fd) seen closed, not yet left
         self._wake_r, self._wake_w = _waker()
         self._io = threading.Thread(target=self._run, name="tensorwire-zmq-hub", daemon=True)
         self._io.start()
@@ -302,8 +305,9 @@ class ZmqHub(Hub):
             selector.register(fd, selectors.EVENT_READ)
         with selector:
             while not self._stopping:
-                batch, more = self._read_batch()
                 self._read_monitor()
+                closed_before_read = len(self._closing)
+                batch, more = self._read_batch()
                 for frames in batch:
                     ident = frames[0].bytes
                     try:
@@ -311,7 +315,11 @@ class ZmqHub(Hub):
                     except Exception:  # e.g. an on_join callback that raised: serve the others
                         log.exception("zmq: handling a message from %r failed", _peer_name(ident))
                 del batch  # hand libzmq its buffers back before waiting
-                if not self._stopping and not more:
+                if more:
+                    continue
+                # The ROUTER was empty: it held the last messages of connections closed earlier.
+                self._forget_closed(closed_before_read)
+                if not self._stopping and not self._closing:
                     selector.select()
                     _drain(self._wake_r)
 
@@ -334,14 +342,27 @@ class ZmqHub(Hub):
             _wake(self._wake_w)
 
     def _read_monitor(self) -> None:
-        """Note connections that closed; called before every hello (see _welcome)."""
+        """Note connections that closed; called before every hello (see _welcome).
+
+        Their clients stay members until :meth:`_forget_closed`: messages they sent before
+        closing may still be queued on the ROUTER.
+        """
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            ident = self._on_fd.pop(int(event["value"]), None)
-            if ident is not None and self._fd_of.get(ident) == int(event["value"]):
+            fd = int(event["value"])
+            ident = self._on_fd.pop(fd, None)  # now, as a new connection may reuse the fd
+            if ident is not None and self._fd_of.get(ident) == fd:
+                self._closing.append((ident, fd))
+
+    def _forget_closed(self, n: int) -> None:
+        """The first ``n`` closed connections' clients leave, unless they said goodbye or
+        reconnected meanwhile; call only once the ROUTER was read empty after noting them."""
+        closed, self._closing = self._closing[:n], self._closing[n:]
+        for ident, fd in closed:
+            if self._fd_of.get(ident) == fd:
                 del self._fd_of[ident]
                 self._readers.pop(ident, None)
                 self._left(_peer_name(ident), "connection lost")
