@@ -27,8 +27,33 @@ def test_keys_are_stable_and_tell_every_setting_apart():
         Experiment("tcp", clients=2),
         Experiment("tcp", dataset="synthetic"),
         Experiment("tcp", rep=1),
+        Experiment("tcp", downlink="delta"),
+        Experiment("tcp", downlink="fp16"),
+        Experiment("tcp", epochs=5),
     ]
     assert len({v.key for v in variants}) == len(variants)
+
+
+def test_downlink_and_epochs_name_the_experiment_only_where_not_the_defaults():
+    exp = Experiment("tcp", uplink="topk", downlink="delta", epochs=5)
+    assert (
+        exp.key
+        == "tcp_vgg5_4g_loss0_stress-none_up-topk0.01_down-delta_5ep_digits_4dev_3rounds_rep0"
+    )
+    assert exp.codec_label == "topk 1% / down delta"
+    assert Experiment("tcp").codec_label == "none"
+    with pytest.raises(ValueError, match="downlink 'xor'"):
+        Experiment("tcp", downlink="xor")
+    with pytest.raises(ValueError, match="epochs"):
+        Matrix(protocols=("tcp",), epochs=0)
+    matrix = Matrix(protocols=("tcp",), uplinks=("none", "topk"), downlinks=("none", "delta"))
+    assert [(e.uplink, e.downlink) for e in matrix.experiments()] == [
+        ("none", "none"),
+        ("none", "delta"),
+        ("topk", "none"),
+        ("topk", "delta"),
+    ]
+    assert Matrix.from_config(matrix.to_config()) == matrix
 
 
 def test_a_custom_profile_becomes_a_safe_directory_name_and_loss_is_applied():

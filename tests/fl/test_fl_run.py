@@ -72,3 +72,31 @@ def test_a_device_that_crashes_gives_a_clear_error_at_the_server():
             p.kill()
             p.wait()
     assert threading.active_count() < 50
+
+
+def test_delta_downlink_is_exact_and_shrinks_after_a_sparse_uplink():
+    """A devices' model rebuilt from XOR deltas is the server's bit for bit, so the run trains
+    exactly as with the full model sent; after top-k uplinks the delta is a fraction of it."""
+    runs = {}
+    for downlink in ("none", "delta"):
+        cfg = FLConfig(
+            dataset="synthetic",
+            model="vgg5",
+            clients=2,
+            rounds=3,
+            batch_size=50,
+            uplink="topk",
+            downlink=downlink,
+            round_timeout=300,
+        )
+        result, _ = run_local(cfg, "tcp")
+        runs[downlink] = result.rounds
+    full, delta = runs["none"], runs["delta"]
+    for a, b in zip(full, delta, strict=True):
+        assert (a["train_loss"], a["test_loss"], a["accuracy"]) == (
+            b["train_loss"],
+            b["test_loss"],
+            b["accuracy"],
+        )
+    for a, b in zip(full[1:], delta[1:], strict=True):  # round 1 sends the whole model
+        assert b["downlink_bytes"] < 0.15 * a["downlink_bytes"]

@@ -228,6 +228,10 @@ def server_command(exp: Experiment, url: str, exp_dir: Path) -> list[str]:
         exp.uplink,
         "--ratio",
         repr(exp.ratio),
+        "--downlink",
+        exp.downlink,
+        "--epochs",
+        str(exp.epochs),
         "--seed",
         str(exp.rep),
         "--join-timeout",
@@ -542,7 +546,7 @@ def run_matrix(
                 what = f"{exp.protocol} {exp.model} {exp.profile}"
                 what += f" loss {exp.loss:g}" if exp.loss else ""
                 what += f" {exp.stress} stress" if exp.stress != "none" else ""
-                what += f" up {exp.codec_label}" if exp.uplink != "none" else ""
+                what += f" up {exp.codec_label}" if exp.codec_label != "none" else ""
                 bar.update(task, description=f"{what}: starting")
 
                 def show(r: int, what: str = what, total: int = exp.rounds) -> None:

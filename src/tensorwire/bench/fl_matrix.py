@@ -1,5 +1,7 @@
 """The FedComm experiment matrix: protocols x models x profiles x loss x stress x codecs x reps.
 
+Codecs are the uplink compressor and the downlink mode (none, fp16, or a lossless delta).
+
 An :class:`Experiment` is one FedAvg run on the testbed; its :attr:`~Experiment.key` names its
 results directory and stays the same for the same settings, so a rerun finds what is done.
 """
@@ -28,9 +30,11 @@ PROTOCOL_SCHEMES = {
 }
 
 
-def codec_label(uplink: str, ratio: float) -> str:
-    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``."""
-    return f"{uplink} {ratio * 100:g}%" if uplink in RATIO_CODECS else uplink
+def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
+    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``, and
+    the downlink mode where it is not none: ``topk 1% / down delta``."""
+    label = f"{uplink} {ratio * 100:g}%" if uplink in RATIO_CODECS else uplink
+    return label if downlink == "none" else f"{label} / down {downlink}"
 
 
 def registered_protocols() -> list[str]:
@@ -44,7 +48,8 @@ def registered_protocols() -> list[str]:
 class Experiment:
     """One FedAvg run: ``protocol`` (a name of :data:`PROTOCOL_SCHEMES`), ``model``, link
     ``profile`` (a name or profile string) with packet ``loss`` (a fraction), ``stress``
-    (none, cpu, network), ``uplink`` compressor keeping ``ratio``, and the run's size."""
+    (none, cpu, network), ``uplink`` compressor keeping ``ratio``, ``downlink`` mode, and
+    the run's size (``epochs`` local epochs per round)."""
 
     protocol: str
     model: str = "vgg5"
@@ -57,9 +62,12 @@ class Experiment:
     clients: int = 4
     dataset: str = "digits"
     rep: int = 0
+    downlink: str = "none"
+    epochs: int = 1
 
     def __post_init__(self) -> None:
-        from tensorwire.fl.config import UPLINK_COMPRESSORS  # tensorwire.fl imports torch
+        # tensorwire.fl imports torch
+        from tensorwire.fl.config import DOWNLINK_MODES, UPLINK_COMPRESSORS
 
         if self.protocol not in PROTOCOL_SCHEMES:
             raise ValueError(
@@ -71,17 +79,25 @@ class Experiment:
             raise ValueError(
                 f"uplink {self.uplink!r}: choose among {', '.join(UPLINK_COMPRESSORS)}"
             )
+        if self.downlink not in DOWNLINK_MODES:
+            raise ValueError(
+                f"downlink {self.downlink!r}: choose among {', '.join(DOWNLINK_MODES)}"
+            )
+        if self.epochs < 1:
+            raise ValueError("epochs must be positive")
         self.link_profile()  # a profile that does not parse fails here, not mid-run
 
     @property
     def codec_label(self) -> str:
-        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``."""
-        return codec_label(self.uplink, self.ratio)
+        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``, and the
+        downlink mode where it is not none."""
+        return codec_label(self.uplink, self.ratio, self.downlink)
 
     @property
     def key(self) -> str:
         """A directory name that is the same for the same settings, e.g.
-        ``tcp_vgg5_4g_loss0_stress-none_up-none_digits_4dev_3rounds_rep0``."""
+        ``tcp_vgg5_4g_loss0_stress-none_up-none_digits_4dev_3rounds_rep0`` (``down-delta``
+        and ``5ep`` follow ``up-...`` where they are not the defaults)."""
         uplink = self.uplink + (f"{self.ratio:g}" if self.uplink in RATIO_CODECS else "")
         parts = [
             self.protocol,
@@ -90,6 +106,8 @@ class Experiment:
             f"loss{self.loss:g}",
             f"stress-{self.stress}",
             f"up-{uplink}",
+            *([f"down-{self.downlink}"] if self.downlink != "none" else []),
+            *([f"{self.epochs}ep"] if self.epochs != 1 else []),
             self.dataset,
             f"{self.clients}dev",
             f"{self.rounds}rounds",
@@ -124,17 +142,27 @@ class Matrix:
     losses: tuple[float, ...] = (0.0,)
     stresses: tuple[str, ...] = ("none",)
     uplinks: tuple[str, ...] = ("none",)
+    downlinks: tuple[str, ...] = ("none",)
     ratio: float = 0.01
     rounds: int = 3
     clients: int = 4
     dataset: str = "digits"
     reps: int = 1
+    epochs: int = 1
     network_mbit: float = 250.0  # load the network stressor offers per device, Mbit/s
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.clients < 1 or self.reps < 1:
-            raise ValueError("rounds, clients and reps must be positive")
-        for name in ("protocols", "models", "profiles", "losses", "stresses", "uplinks"):
+        if self.rounds < 1 or self.clients < 1 or self.reps < 1 or self.epochs < 1:
+            raise ValueError("rounds, clients, reps and epochs must be positive")
+        for name in (
+            "protocols",
+            "models",
+            "profiles",
+            "losses",
+            "stresses",
+            "uplinks",
+            "downlinks",
+        ):
             if not getattr(self, name):
                 raise ValueError(f"the matrix needs at least one of {name}")
         self.experiments()  # every combination must be valid
@@ -153,6 +181,7 @@ class Matrix:
             self.losses,
             self.stresses,
             self.uplinks,
+            self.downlinks,
             self.models,
             self.protocols,
         )
@@ -164,13 +193,15 @@ class Matrix:
                 loss=loss,
                 stress=stress,
                 uplink=uplink,
+                downlink=downlink,
                 ratio=self.ratio,
                 rounds=self.rounds,
+                epochs=self.epochs,
                 clients=self.clients,
                 dataset=self.dataset,
                 rep=rep,
             )
-            for rep, profile, loss, stress, uplink, model, protocol in combos
+            for rep, profile, loss, stress, uplink, downlink, model, protocol in combos
         ]
 
     def to_config(self) -> dict[str, Any]:

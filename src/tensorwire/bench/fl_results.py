@@ -28,7 +28,7 @@ from tensorwire.bench.fl_matrix import codec_label
 EXPERIMENTS_DIR = "experiments"
 TABLE = "experiments.parquet"
 # The settings that tell experiments apart (the repetition aside).
-DIMENSIONS = ["protocol", "model", "profile", "loss", "stress", "codec"]
+DIMENSIONS = ["protocol", "model", "profile", "loss", "stress", "codec", "epochs"]
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -112,7 +112,9 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
         "key": doc["key"],
         **{k: exp[k] for k in ("protocol", "model", "profile", "loss", "stress", "uplink")},
         "ratio": exp["ratio"],
-        "codec": codec_label(exp["uplink"], exp["ratio"]),
+        "downlink": exp.get("downlink", "none"),
+        "epochs": exp.get("epochs", 1),
+        "codec": codec_label(exp["uplink"], exp["ratio"], exp.get("downlink", "none")),
         "rep": exp["rep"],
         "clients": exp["clients"],
         "dataset": exp["dataset"],

@@ -265,10 +265,20 @@ def bench_fl_cmd(
             "Default: none."
         ),
     ] = None,
+    downlink: Annotated[
+        str | None,
+        typer.Option(
+            help="Downlink modes: none, fp16, delta (XOR with the previous global model, "
+            "zstd; lossless, and small after a sparse uplink). Default: none."
+        ),
+    ] = None,
     ratio: Annotated[
         float | None, typer.Option(help="Fraction topk / randomk / dgc keep. Default: 0.01.")
     ] = None,
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds. Default: 5.")] = None,
+    epochs: Annotated[
+        int | None, typer.Option(min=1, help="Local epochs per round. Default: 1.")
+    ] = None,
     clients: Annotated[int | None, typer.Option(min=1, help="Devices. Default: 4.")] = None,
     dataset: Annotated[
         str | None, typer.Option(help="digits, cifar10, synthetic. Default: digits.")
@@ -310,8 +320,10 @@ def bench_fl_cmd(
             "losses": _floats(loss) if loss else None,
             "stresses": tuple(_split(stress)) if stress else None,
             "uplinks": tuple(_split(uplink)) if uplink else None,
+            "downlinks": tuple(_split(downlink)) if downlink else None,
             "ratio": ratio,
             "rounds": rounds,
+            "epochs": epochs,
             "clients": clients,
             "dataset": dataset,
             "reps": reps,

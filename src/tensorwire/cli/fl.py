@@ -35,7 +35,10 @@ Ratio = Annotated[float, typer.Option(help="Fraction kept by topk / randomk / dg
 ErrorFeedback = Annotated[
     bool, typer.Option(help="Carry what compression dropped to the next round.")
 ]
-Downlink = Annotated[str, typer.Option(help="Global model: none, fp16, delta.")]
+Downlink = Annotated[
+    str,
+    typer.Option(help="Global model: none, fp16, or delta (XOR with the last, zstd; lossless)."),
+]
 Out = Annotated[Path | None, typer.Option(help="Results directory.")]
 ACK_POLL = 0.002  # seconds between looks at the progress acknowledgement file
 

@@ -10,10 +10,10 @@ import torch
 
 import tensorwire
 from tensorwire.errors import PeerGone
-from tensorwire.fl.compression import uplink_codec
+from tensorwire.fl.compression import apply_xor_delta, uplink_codec
 from tensorwire.fl.config import FLConfig
 from tensorwire.fl.data import Dataset, load_dataset, split_indices
-from tensorwire.fl.fedavg import StateDict, apply_update, model_update
+from tensorwire.fl.fedavg import StateDict, model_update
 from tensorwire.fl.models import build_model
 from tensorwire.fl.records import transfer_rows
 from tensorwire.fl.train import load_numpy_state, state_to_numpy, train_local
@@ -48,8 +48,9 @@ class _Device:
         assert self.cfg is not None and self.data is not None
         received = msg.tensors["weights"]
         if msg.meta.get("delta"):
-            assert self.global_state is not None
-            received = apply_update(self.global_state, received)
+            if self.global_state is None:
+                raise ValueError("the server sent a delta before any full model")
+            received = apply_xor_delta(self.global_state, received)
         self.global_state = {k: v.copy() for k, v in received.items()}
         load_numpy_state(self.model, self.global_state)
         cfg = self.cfg

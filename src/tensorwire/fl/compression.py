@@ -1,12 +1,23 @@
-"""Which codecs an FL run's uplink and downlink use, from its config."""
+"""How an FL run's uplink and downlink are compressed, from its config.
+
+Uplink: a lossy compressor (with error feedback where it is biased) on the devices' updates.
+Downlink: the global model raw, cast to fp16, or ``delta``: each entry's bits XOR those of
+the previous round's global model, then zstd. The XOR is exact for every dtype (no float
+rounding between the server's model and the devices' copies) and is zero wherever a weight
+did not change, so after a sparse uplink (top-k) the downlink shrinks with it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tensorwire.fl.config import FLConfig
 
 SPARSIFIERS = ("topk", "randomk", "dgc")  # the compressors that take a kept fraction
+
+StateDict = dict[str, np.ndarray]
 
 
 def uplink_codec(cfg: FLConfig) -> Any:
@@ -22,9 +33,46 @@ def uplink_codec(cfg: FLConfig) -> Any:
 
 
 def downlink_codec(cfg: FLConfig) -> Any:
-    """The server's codec selector for the global model (None: raw; "delta" is sent raw)."""
+    """The server's codec for the global model: None (raw), fp16, or zstd for ``delta``."""
+    if cfg.downlink == "delta":
+        from tensorwire.codecs.zstd import Zstd
+
+        return Zstd(level=1)
     if cfg.downlink != "fp16":
         return None
     from tensorwire.codecs import lossy_selector
 
     return lossy_selector("fp16", error_feedback=False)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes as unsigned integers of its item size (contiguous)."""
+    c = a if a.flags.c_contiguous else a.copy()  # not ascontiguousarray: keeps 0-d arrays 0-d
+    return c.view(f"u{a.dtype.itemsize}")
+
+
+def xor_delta(state: StateDict, previous: StateDict) -> StateDict:
+    """Each entry's bits XOR the previous entry's (unsigned ints; zero where unchanged)."""
+    if state.keys() != previous.keys():
+        raise ValueError("xor_delta: the two states hold different entries")
+    return {k: _bits(v) ^ _bits(previous[k]) for k, v in state.items()}
+
+
+def apply_xor_delta(previous: StateDict, delta: StateDict) -> StateDict:
+    """Undo :func:`xor_delta`: the state whose delta from ``previous`` is ``delta``, bit-exact.
+
+    Raises ValueError when the delta does not match ``previous`` entry for entry.
+    """
+    if delta.keys() != previous.keys():
+        missing = sorted(previous.keys() ^ delta.keys())
+        raise ValueError(f"delta and previous model differ in entries: {missing[:5]}")
+    out: StateDict = {}
+    for k, old in previous.items():
+        d = np.asarray(delta[k])
+        want = np.dtype(f"u{old.dtype.itemsize}").name
+        if d.shape != old.shape or d.dtype != want:
+            raise ValueError(
+                f"delta entry {k!r} is {d.dtype}{list(d.shape)}, expected {want}{list(old.shape)}"
+            )
+        out[k] = (_bits(old) ^ d).view(old.dtype)
+    return out

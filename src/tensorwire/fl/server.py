@@ -16,10 +16,10 @@ import torch
 
 import tensorwire
 from tensorwire.errors import GatherTimeout, TensorwireError, TransportTimeout
-from tensorwire.fl.compression import downlink_codec
+from tensorwire.fl.compression import downlink_codec, xor_delta
 from tensorwire.fl.config import FLConfig
 from tensorwire.fl.data import load_dataset
-from tensorwire.fl.fedavg import StateDict, apply_update, fedavg, model_update
+from tensorwire.fl.fedavg import StateDict, apply_update, fedavg
 from tensorwire.fl.models import build_model
 from tensorwire.fl.records import transfer_rows
 from tensorwire.fl.train import evaluate, load_numpy_state, state_to_numpy
@@ -76,7 +76,7 @@ def run_server(
             first = len(hub.records)
             payload = global_state
             if cfg.downlink == "delta" and previous is not None:
-                payload = model_update(global_state, previous)
+                payload = xor_delta(global_state, previous)
             hub.broadcast(
                 {"weights": payload},
                 meta={
