@@ -87,6 +87,12 @@ def test_run_directory_layout(run):
         assert (d / DONE).is_file()
         assert (d / "logs" / "server.log").is_file()
         assert (d / "logs" / "device-1.log").is_file() and (d / "logs" / "device-2.log").is_file()
+        # each experiment has its own figures and report, as DESIGN's results layout says
+        page = (d / "report.html").read_text()
+        assert f"experiment {d.name}" in page
+        for name in ("comm_time", "accuracy", "bytes"):
+            assert (d / "figures" / f"{name}.png").is_file(), f"{d.name}/figures/{name}.png"
+        assert page.count("data:image/png;base64,") == len(list((d / "figures").glob("*.png")))
     for name in FIGURES:
         assert (out / "figures" / f"{name}.png").is_file()
         assert (out / "figures" / f"{name}.svg").is_file()

@@ -562,6 +562,7 @@ def run_matrix(
                     say(f"[red]failed[/] {exp.key}: {str(exc)[:2000]}")
                 else:
                     summary.ran.append(exp.key)
+                    _experiment_report(exp_dir, say)
                 bar.advance(task)
         summary.seconds = time.time() - started
         manifest_path.write_text(
@@ -570,6 +571,17 @@ def run_matrix(
     summary.report = build_report([out_dir])
     summary.seconds = time.time() - started
     return summary
+
+
+def _experiment_report(exp_dir: Path, say: Callable[[str], None]) -> None:
+    """The experiment's own figures and ``report.html`` in its directory. Its results are
+    already written, so a report that cannot be drawn is said, and the matrix goes on."""
+    from tensorwire.bench.report import build_report
+
+    try:
+        build_report([exp_dir])
+    except Exception as exc:  # drawing is not worth the rest of the matrix
+        say(f"[yellow]no report[/] for {exp_dir.name}: {type(exc).__name__}: {exc}")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from tensorwire.bench.fl_figures import FigureFile, draw_figures
-from tensorwire.bench.fl_results import DIMENSIONS, TABLE, collect, summarize
+from tensorwire.bench.fl_results import DIMENSIONS, TABLE, collect, experiment_frame, summarize
 from tensorwire.testbed.profile import as_profile
 
 REPORT = "report.html"
@@ -51,10 +51,13 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 
 def load_run(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame]:
     """A run's manifest and its per-round table (rebuilt from the experiment directories,
-    or read from ``experiments.parquet`` when they are gone)."""
+    or read from ``experiments.parquet`` when they are gone); or one experiment's, when
+    ``run_dir`` is an experiment directory."""
     manifest_path = run_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    if (run_dir / "experiments").is_dir():
+    if "experiment" in manifest and (run_dir / "rounds.parquet").is_file():
+        frame = experiment_frame(run_dir)
+    elif (run_dir / "experiments").is_dir():
         frame = collect(run_dir)
     elif (run_dir / TABLE).is_file():
         frame = pd.read_parquet(run_dir / TABLE)
@@ -148,7 +151,9 @@ def _runs_html(manifests: dict[str, dict[str, Any]]) -> str:
             {
                 "run": run,
                 "created": doc.get("created", ""),
-                "testbed": f"{testbed.get('kind', '?')} ({testbed.get('mode', '?')})",
+                "testbed": f"{testbed.get('kind', '?')} ({testbed.get('mode', '?')})"
+                if testbed
+                else doc.get("label", "?"),
                 "host": f"{host.get('platform', '?')}, {host.get('cpus', '?')} CPUs",
                 "git commit": (doc.get("git_commit") or "")[:12],
                 "versions": versions,
@@ -181,8 +186,13 @@ def render(
     table = key_numbers(frame, by) if not frame.empty else pd.DataFrame()
     headers = {d: d for d in by} | KEY_NUMBERS | {"label": "label"}
     title = "tensorwire bench fl" + (" — comparison" if len(manifests) > 1 else "")
-    matrices = "".join(
-        f"<p>{html.escape(run)}: <code>{html.escape(json.dumps(doc.get('matrix', {})))}</code></p>"
+    single = next(iter(manifests.values())) if len(manifests) == 1 else {}
+    if "experiment" in single:
+        title += f" — experiment {single.get('key', '')}"
+    settings = "".join(
+        f"<p>{html.escape(run)}: "
+        f"<code>{html.escape(json.dumps(doc.get('matrix') or doc.get('experiment') or {}))}</code>"
+        "</p>"
         for run, doc in manifests.items()
     )
     return f"""<!DOCTYPE html>
@@ -202,8 +212,8 @@ summed the same way. Written {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {_problems_html(manifests)}
 <h2>Runs</h2>
 {_runs_html(manifests)}
-<h3>Matrix</h3>
-{matrices}
+<h3>Settings</h3>
+{settings}
 </body></html>
 """
 
