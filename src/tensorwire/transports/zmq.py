@@ -28,9 +28,11 @@ read, waiting outside it on the socket's ``ZMQ_FD``. The hub learns of lost conn
 socket monitor (``DISCONNECTED`` names the file descriptor; ``ZMQ_SRCFD`` of the hello ties it
 to a client). libzmq queues a connection's last messages on the ROUTER before it reports the
 connection closed, so a client leaves only once a read that began after its ``DISCONNECTED``
-found the ROUTER empty: what it sent just before closing is delivered first. A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a
-time: a thread that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a
-socketpair, so a channel used from one thread pays no hand-off either.
+found the ROUTER empty: what it sent just before closing is delivered first.
+
+A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a time: a thread
+that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a socketpair, so a
+channel used from one thread pays no hand-off either.
 """
 
 from __future__ import annotations
