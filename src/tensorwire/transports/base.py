@@ -207,6 +207,7 @@ class Hub(_Endpoint):
         self.errors: list[tuple[str, Exception]] = []
         self._cond = threading.Condition()
         self._members: dict[str, frozenset[str]] = {}  # client id -> codecs it decodes
+        self._member_session: dict[str, object] = {}  # client id -> its connection (see _joined)
         self._inbox: deque[tuple[str, Message]] = deque()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tensorwire-send")
@@ -223,18 +224,26 @@ class Hub(_Endpoint):
 
     # -- called by transport threads -----------------------------------------------------
 
-    def _joined(self, client_id: str, decoders: frozenset[str]) -> None:
+    def _joined(self, client_id: str, decoders: frozenset[str], session: object = None) -> None:
+        """``client_id`` is a member now. ``session`` (a connection object) ties the
+        membership to one connection, so that an old connection's late :meth:`_left` cannot
+        remove the client that has since reconnected."""
         with self._cond:
             self._members[client_id] = decoders
+            self._member_session[client_id] = session
             self._cond.notify_all()
         log.info("%s: client %r joined", self.protocol, client_id)
         if self.on_join:
             self.on_join(client_id)
 
-    def _left(self, client_id: str, reason: str) -> None:
+    def _left(self, client_id: str, reason: str, session: object = None) -> None:
+        """``client_id`` left; with ``session``, only if that connection is still its own."""
         with self._cond:
+            if session is not None and self._member_session.get(client_id) is not session:
+                return  # an older connection's end: the client is back on a newer one
             if self._members.pop(client_id, None) is None:
                 return
+            self._member_session.pop(client_id, None)
             self._cond.notify_all()
         log.info("%s: client %r left: %s", self.protocol, client_id, reason)
         if self.on_leave:

@@ -253,7 +253,7 @@ class FlightHub(Hub):
         if old is not None:
             log.info("flight: client %r reconnected; ending its old session", peer.client_id)
             old.stop("replaced by a new session")
-        self._joined(peer.client_id, peer.decoders)
+        self._joined(peer.client_id, peer.decoders, session=peer)
         try:
             writer.begin(SCHEMA)
             writer.write_metadata(
@@ -391,7 +391,7 @@ class FlightHub(Hub):
                 del self._peers[peer.client_id]
         peer.stop(reason)
         if current:
-            self._left(peer.client_id, reason)
+            self._left(peer.client_id, reason, session=peer)
 
     # -- Hub interface ---------------------------------------------------------------------
 

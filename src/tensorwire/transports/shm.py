@@ -654,7 +654,7 @@ class ShmHub(Hub):
         if old is not None:
             log.info("shm: client %r reconnected; closing its old connection", cid)
             old.shutdown()
-        self._joined(cid, decoders)
+        self._joined(cid, decoders, session=conn)
         reason = self._read_loop(conn, inbox)
         with self._lock:
             current = self._conns.get(cid) is conn
@@ -665,7 +665,7 @@ class ShmHub(Hub):
         inbox.close()
         sock.close()
         if current:
-            self._left(cid, reason)
+            self._left(cid, reason, session=conn)
 
     def _read_loop(self, conn: _Conn, inbox: _Inbox) -> str:
         """Handle the client's packets until it leaves; return why it left."""

@@ -114,7 +114,7 @@ class TcpHub(Hub):
         if old is not None:
             log.info("tcp: client %r reconnected from %s; closing its old connection", cid, addr)
             old.close()
-        self._joined(cid, decoders)
+        self._joined(cid, decoders, session=peer)
         reason = self._read_loop(peer, reader)
         with self._lock:
             current = self._peers.get(cid) is peer
@@ -122,7 +122,7 @@ class TcpHub(Hub):
                 del self._peers[cid]
         peer.close()
         if current:
-            self._left(cid, reason)
+            self._left(cid, reason, session=peer)
 
     def _read_loop(self, peer: _Peer, reader: StreamReader) -> str:
         """Deliver the peer's messages until it leaves; return why it left."""
