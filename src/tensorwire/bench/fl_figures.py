@@ -78,6 +78,12 @@ def _colors(series: list[str]) -> dict[str, tuple]:
 
 
 def _mean_std(rows: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Mean of ``value`` per ``by``, and its std over repetitions: each experiment's rounds
+    are averaged first, so rounds that differ by design (a delta downlink's first, full
+    model) do not read as noise."""
+    experiment = [c for c in ("run", "key") if c in rows]
+    if experiment:
+        rows = rows.groupby(by + experiment, sort=False)[value].mean().reset_index()
     return (
         rows.groupby(by, sort=False)[value]
         .agg(["mean", "std"])
@@ -129,7 +135,9 @@ def grouped_bars(
                 label=None if bound_drawn else BOUND_LABEL,
             )
             bound_drawn = True
-    ax.set_xticks(np.arange(len(groups)), [str(g) for g in groups])
+    ax.set_xticks(np.arange(len(groups)), [str(g).replace(" / ", "\n") for g in groups])
+    if len(groups) > 3:
+        ax.tick_params(axis="x", labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)
 
 
@@ -186,7 +194,7 @@ def comm_time_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> Figure
         out_dir,
         "comm_time",
         "Communication time per protocol, network profile and model",
-        "Mean per round (error bar: std over rounds and repetitions); black: the lower bound.",
+        "Mean per round (error bar: std over repetitions); black: the lower bound.",
     )
 
 
@@ -413,7 +421,8 @@ def breakdown_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> Figure
 
 
 def codec_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
-    """Communication time per uplink codec, bars per protocol."""
+    """Communication time per codec (uplink, and downlink where not none), bars per
+    protocol."""
     if frame["codec"].nunique() < 2:
         return None
     rows = base_rows(frame, {"codec", "model"})
@@ -424,15 +433,17 @@ def codec_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile
             ax, rows[rows["model"] == model], "codec", "series", "comm_s", "lower_bound_s", colors
         )
         ax.set_title(str(model))
-        ax.set_xlabel("uplink compression")
+        ax.set_xlabel("compression (uplink / downlink)")
         ax.set_ylabel(COMM_LABEL)
     _legend(axes)
     return _save(
         fig,
         out_dir,
         "comm_time_codecs",
-        "Communication time per uplink compression",
-        "Mean per round with each uplink codec (error feedback on); black: the lower bound.",
+        "Communication time per compression",
+        "Mean per round with each uplink codec (error feedback on) and downlink mode (none "
+        "unless named; delta: lossless XOR with the previous model); error bar: std over "
+        "repetitions; black: the lower bound.",
     )
 
 
