@@ -76,6 +76,12 @@ MQTT_MAX_PACKET = 268_435_455 + 5  # the protocol's largest remaining length + f
 MAX_CHUNKS_PER_MESSAGE = 512
 WINDOW_BYTES = 8 << 20  # published but unacknowledged, per send
 KEEPALIVE_S = 60
+# Seconds a chunked message may go without a new chunk before it counts as lost. At QoS 0 a
+# chunk can be lost for good, so give up soon. At QoS 1/2 none is lost while the sender is
+# connected (and when its connection dies its will says so), but on a lossy link TCP's
+# retransmission backoff can stall one connection for tens of seconds: waiting 30 s then
+# dropped whole updates at 20 % loss. So wait long; this only bounds a vanished sender's memory.
+REASSEMBLY_TIMEOUT_S = {0: 30.0, 1: 600.0, 2: 600.0}
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before disconnecting anyway
 HELLO_RETRY_S = (0.2, 2.0)  # first and longest wait for a welcome before saying hello again
 _HUB_BYE = object()  # in a channel's inbox: the hub said goodbye
@@ -360,9 +366,9 @@ class _Link:
 class _Reassembly:
     """Chunks in, whole messages out, per sender; notes when each message's first chunk came."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, timeout: float) -> None:
         most = PREFIX_SIZE + limits.max_header_bytes + limits.max_message_bytes
-        self._chunks = ChunkReassembler(max_message_bytes=most)
+        self._chunks = ChunkReassembler(max_message_bytes=most, timeout=timeout)
         self._first: dict[tuple[str, int], float] = {}
 
     def feed(self, payload: bytes, source: str) -> tuple[np.ndarray, float] | None:
@@ -418,7 +424,7 @@ class MqttHub(Hub):
         self.settings = s = MqttSettings.from_url(url, qos, chunk_bytes)
         self.url = url
         self._sessions: dict[str, str] = {}  # client id -> the session it said hello with
-        self._reassembly = _Reassembly(self.limits)
+        self._reassembly = _Reassembly(self.limits, REASSEMBLY_TIMEOUT_S[s.qos])
         self._up = s.up("")
         # Whole messages are decoded and handled off the network thread, so that a callback
         # (on_join, say) may send, which needs that thread to take the broker's PUBACKs.
@@ -572,7 +578,7 @@ class MqttChannel(Channel):
         deadline = deadline_after(timeout)
         self._session = uuid.uuid4().hex[:16]
         self._inbox: collections.deque[Any] = collections.deque()
-        self._reassembly = _Reassembly(self.limits)
+        self._reassembly = _Reassembly(self.limits, REASSEMBLY_TIMEOUT_S[s.qos])
         self._welcome: Message | None = None
         self._lost: str | None = None
         self._link = _Link(
