@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -12,9 +14,19 @@ import pytest
 pika = pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
 
 import tensorwire  # noqa: E402
-from tensorwire.errors import ChunkError, PeerGone, TransportError, TransportTimeout  # noqa: E402
+from tensorwire.errors import (  # noqa: E402
+    ChunkError,
+    MissingDependency,
+    PeerGone,
+    TransportError,
+    TransportTimeout,
+)
 from tensorwire.transports import amqp  # noqa: E402
-from tensorwire.transports.brokers.rabbitmq import rabbitmq_answers  # noqa: E402
+from tensorwire.transports.brokers.rabbitmq import (  # noqa: E402
+    RabbitMQBroker,
+    find_rabbitmq,
+    rabbitmq_answers,
+)
 from tensorwire.wire import encode_message, iter_chunks  # noqa: E402
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -80,6 +92,75 @@ def test_bad_urls_are_refused_before_connecting(bad):
 def test_a_channel_needs_the_hubs_prefix(broker):
     with pytest.raises(TransportError, match="prefix"):
         tensorwire.connect(broker, timeout=1)
+
+
+def test_lossy_link_timeouts_are_the_defaults_and_the_url_overrides_them(broker):
+    params = amqp.AmqpAddress(f"{broker}?prefix=x").params
+    assert params.heartbeat == amqp.HEARTBEAT
+    assert params.socket_timeout == amqp.CONNECT_TIMEOUT
+    assert params.stack_timeout == amqp.HANDSHAKE_TIMEOUT
+    given = f"{broker}?prefix=x&heartbeat=7&socket_timeout=3&stack_timeout=9"
+    params = amqp.AmqpAddress(given).params
+    assert (params.heartbeat, params.socket_timeout, params.stack_timeout) == (7, 3.0, 9.0)
+    with tensorwire.serve(
+        given.replace("prefix=x", f"prefix=twtest-{uuid.uuid4().hex[:8]}")
+    ) as hub:
+        assert "heartbeat=7" in hub.url  # clients get the hub's settings too
+        with tensorwire.connect(hub.url, client_id="hb") as ch:
+            hub.wait_for(1, timeout=T)
+            for conn in (hub._consumer.conn, ch._consumer.conn):
+                assert conn._impl.params.heartbeat == 7  # what was negotiated with the broker
+
+
+def test_a_handshake_timeout_is_retried_within_the_deadline(broker, monkeypatch):
+    from pika.adapters.utils.connection_workflow import AMQPConnectorStackTimeout
+
+    real = pika.BlockingConnection
+    attempts: list[float] = []
+
+    def flaky(params):
+        attempts.append(params.stack_timeout)
+        if len(attempts) == 1:  # what pika raises when a lossy link stalls the handshake
+            raise AMQPConnectorStackTimeout("Timeout during AMQP handshake")
+        return real(params)
+
+    monkeypatch.setattr(amqp.pika, "BlockingConnection", flaky)
+    address = amqp.AmqpAddress(f"{broker}?prefix=x")
+    amqp._close_quietly(amqp.connect_blocking(address, amqp.deadline_after(T), "retry"))
+    assert len(attempts) == 2 and all(1.0 <= s <= T for s in attempts)
+
+    def stalled(params):
+        attempts.append(params.stack_timeout)
+        raise AMQPConnectorStackTimeout("Timeout during AMQP handshake")
+
+    monkeypatch.setattr(amqp.pika, "BlockingConnection", stalled)
+    attempts.clear()
+    with pytest.raises(TransportTimeout, match="could not connect"):
+        amqp.connect_blocking(address, amqp.deadline_after(1.5), "stalled")
+    assert len(attempts) > 1 and max(attempts) <= 1.5  # no attempt outlasts the deadline
+
+
+def test_a_silent_broker_is_noticed_within_the_heartbeat_bounds():
+    try:
+        find_rabbitmq()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    heartbeat = 2
+    with RabbitMQBroker() as node:  # a private node: it is frozen below
+        url = f"{node.url(prefix='twtest-silent')}&heartbeat={heartbeat}"
+        with tensorwire.serve(url) as hub:
+            ch = tensorwire.connect(hub.url, client_id="d")
+            hub.wait_for(1, timeout=T)
+            assert node.pid is not None
+            os.killpg(node.pid, signal.SIGSTOP)  # alive for TCP, silent for AMQP
+            try:
+                t = time.monotonic()
+                with pytest.raises(PeerGone):
+                    ch.recv(timeout=60)
+                assert time.monotonic() - t < 2 * (heartbeat + 5) + 1  # pika's bound
+            finally:
+                os.killpg(node.pid, signal.SIGCONT)
+            ch.close()
 
 
 def test_chunked_messages_both_ways_and_interleaved(url, connect):

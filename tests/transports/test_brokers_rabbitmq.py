@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -103,3 +104,29 @@ def test_a_private_broker_serves_and_leaves_nothing_behind():
     assert set(_children()) <= kids_before  # its shell, node and epmd are all gone
     assert set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*")) <= dirs_before
     assert rabbitmq_answers(SYSTEM) == system_up  # the system broker was not disturbed
+
+
+def test_a_private_broker_waits_out_a_lossy_link_and_keeps_rabbitmqs_socket_defaults():
+    try:
+        find_rabbitmq()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+
+    def env(node: RabbitMQBroker, key: str) -> str:
+        assert node._ctl is not None
+        run = subprocess.run(
+            [str(node._ctl), "-n", node.node, "eval", f"application:get_env(rabbit, {key})."],
+            env=node._env,
+            capture_output=True,
+            text=True,
+            timeout=T,
+            check=True,
+        )
+        return "".join(run.stdout.split())
+
+    with RabbitMQBroker() as node:
+        assert env(node, "handshake_timeout") == "{ok,60000}"
+        options = env(node, "tcp_listen_options")
+        assert "{send_timeout,540000}" in options
+        for default in ("{linger,{true,0}}", "{exit_on_close,false}", "{nodelay,true}"):
+            assert default in options  # setting one key must not drop RabbitMQ's others

@@ -23,6 +23,26 @@ decoders, version, queue) and ``bye``; the hub answers ``welcome`` and, on close
 A client whose connection drops without a bye is noticed by the hub's liveness check: every
 ``liveness`` seconds a passive declare of each member's queue, which the broker deleted.
 
+Other query parameters go to pika (``heartbeat``, ``socket_timeout``, ``stack_timeout``,
+``blocked_connection_timeout``, ...). Three have tensorwire defaults where the URL gives none,
+sized for lossy links, on which TCP's retransmission backoff (its timer doubles per loss, up
+to 120 s) silences a connection for a minute or more:
+
+- ``heartbeat`` :data:`HEARTBEAT` s. Both sides send one every heartbeat / 2 s; pika drops a
+  connection that received nothing in a window of heartbeat + 5 s (so after 185..370 s of
+  silence), the broker one that sent it nothing for 2..3 x heartbeat (360..540 s). A
+  heartbeat may thus arrive ~95 s late. RabbitMQ's 60 s allows ~35 s, and at 20 % loss one
+  arrived ~58 s late (a 118 s silence with heartbeat 120 s).
+- ``socket_timeout`` :data:`CONNECT_TIMEOUT` s for the TCP connect (SYN retries).
+- ``stack_timeout`` :data:`HANDSHAKE_TIMEOUT` s for connect and AMQP handshake together.
+
+An attempt to connect never runs past the caller's deadline; failed ones are retried until it.
+The broker has timeouts of its own: RabbitMQ closes a connection it could not send to for
+30 s (``tcp_listen_options.send_timeout``), which on a lossy link drops a client that is
+receiving a big message, and allows 10 s for a handshake (``handshake_timeout``). The private
+broker (:class:`tensorwire.transports.brokers.RabbitMQBroker`) raises both; raise them on a
+broker of your own too.
+
 Threads: pika connections are not thread-safe, so each endpoint has two. A consumer
 connection belongs to one thread that consumes and does the bookkeeping; a publisher
 connection is shared under a lock, so a big send never stalls receiving (on two cores the two
@@ -44,6 +64,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions as px
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from tensorwire.errors import ChunkError, PeerGone, TransportError, TransportTimeout, WireError
 from tensorwire.transports.base import (
@@ -70,12 +91,24 @@ log = logging.getLogger("tensorwire.transports.amqp")
 BROKER_MAX_MESSAGE = 128 << 20  # bytes: RabbitMQ's default max_message_size
 DEFAULT_CHUNK = 4 << 20  # bytes per AMQP message: 1..8 MiB tie on loopback, 32+ MiB are slower
 MIN_CHUNK = 1 << 10  # bytes
-REASSEMBLY_TIMEOUT = 60.0  # seconds a chunked message may go without a new chunk
+# Seconds a chunked message may go without a new chunk. Confirmed publishes lose no chunk while
+# the sender is connected, but at 20 % loss TCP backoff makes one 2.3 MB message take up to
+# 207 s, so a 4 MiB chunk can take far more than 60 s. Longer than a silent connection lives
+# (see HEARTBEAT): this only bounds the memory of a sender that vanished mid-message.
+REASSEMBLY_TIMEOUT = 600.0
 QUEUE_EXPIRES_MS = 60_000  # a client queue never consumed (client died mid-connect) goes then
 BYE_TIMEOUT = 2.0  # seconds spent saying goodbye before closing anyway
 RECONNECT_TIMEOUT = 10.0  # seconds a send without a timeout waits for a lost broker to return
 TICK = 0.5  # seconds between the consumer thread's bookkeeping rounds at most
 KEEPALIVE = 10.0  # seconds between services of an idle publisher connection (heartbeats)
+HEARTBEAT = 180  # seconds: tolerates a heartbeat ~95 s late (see the module's docstring)
+CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect: SYN retries at 1, 3, 7, 15 s fit
+HANDSHAKE_TIMEOUT = 60.0  # seconds for connect + AMQP handshake (pika's 15 s fails at 20 % loss)
+_PIKA_DEFAULTS = {
+    "heartbeat": HEARTBEAT,
+    "socket_timeout": CONNECT_TIMEOUT,
+    "stack_timeout": HANDSHAKE_TIMEOUT,
+}
 _READ_BYTES = 1 << 16  # see _widen_reads
 _MAX_NAME = 255  # bytes: AMQP short strings (queue and exchange names)
 _CLIENT_HEADER = "tw-client"
@@ -89,7 +122,8 @@ class AmqpAddress:
     """An ``amqp://`` URL split into pika's connection parameters and tensorwire's options.
 
     ``prefix`` names the hub's queues and exchange (``None``: the hub picks one); ``chunk`` is
-    the most bytes per AMQP message (``None``: :data:`DEFAULT_CHUNK`).
+    the most bytes per AMQP message (``None``: :data:`DEFAULT_CHUNK`). :attr:`params` has
+    tensorwire's ``heartbeat``, ``socket_timeout`` and ``stack_timeout`` unless the URL sets them.
     """
 
     def __init__(self, url: str) -> None:
@@ -105,6 +139,10 @@ class AmqpAddress:
             self.params = pika.URLParameters(pika_url)
         except ValueError as exc:
             raise TransportError(f"{url!r}: {exc}") from None
+        given = {k for k, _ in query}
+        for name, value in _PIKA_DEFAULTS.items():
+            if name not in given:
+                setattr(self.params, name, value)
         self.base = pika_url
         self.prefix = ours.get("prefix") or None
         if self.prefix is not None and (
@@ -162,6 +200,11 @@ def connect_blocking(
     params.client_properties = {"connection_name": name, "product": "tensorwire"}
     delay = 0.05
     while True:
+        left = remaining(deadline)
+        if left is not None:  # one attempt must not outlast the deadline (but gets 1 s at least)
+            left = max(left, 1.0)
+            params.socket_timeout = min(address.params.socket_timeout or left, left)
+            params.stack_timeout = min(address.params.stack_timeout or left, left)
         try:
             conn = pika.BlockingConnection(params)
         except (px.ProbableAuthenticationError, px.AuthenticationError) as exc:
@@ -172,7 +215,8 @@ def connect_blocking(
             raise TransportError(
                 f"RabbitMQ at {address.where}: no access to the vhost: {exc!r}"
             ) from None
-        except px.AMQPConnectionError as exc:
+        # AMQPConnectorException: pika's stack_timeout during the handshake, not an AMQPError.
+        except (px.AMQPConnectionError, AMQPConnectorException) as exc:
             if deadline is not None and time.monotonic() + delay > deadline:
                 raise TransportTimeout(
                     f"could not connect to RabbitMQ at {address.where} ({exc!r}); is it running? "
@@ -210,6 +254,13 @@ class _Publisher:
         self._ch: Any = None
         self._last_used = time.monotonic()
         self._closed = False
+        heartbeat = address.params.heartbeat
+        # Serviced often enough for pika to send its heartbeats (every heartbeat / 2) in time.
+        self._keepalive = (
+            min(KEEPALIVE, heartbeat / 4)
+            if isinstance(heartbeat, int) and heartbeat > 0
+            else KEEPALIVE
+        )
 
     def channel(self, deadline: float | None = None) -> Any:
         """The confirming pika channel, (re)opened if needed; call with :attr:`lock` held."""
@@ -275,7 +326,8 @@ class _Publisher:
 
     def keepalive(self) -> None:
         """Let an idle connection answer heartbeats; skipped while another thread publishes."""
-        if time.monotonic() - self._last_used < KEEPALIVE or not self.lock.acquire(blocking=False):
+        idle = time.monotonic() - self._last_used
+        if idle < self._keepalive or not self.lock.acquire(blocking=False):
             return
         try:
             if self._conn is not None and self._conn.is_open:

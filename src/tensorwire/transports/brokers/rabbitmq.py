@@ -96,6 +96,7 @@ class RabbitMQBroker:
     ``rabbitmq.conf`` lines, e.g. ``{"max_message_size": "33554432"}``. ``bind`` is the
     address the AMQP listener takes (and its URL names); ``command_prefix`` an argv prefix
     every program of the node is started behind, e.g. ``["ip", "netns", "exec", "NS"]``.
+    Its handshake and send timeouts are sized for lossy links (see :meth:`_config`).
     """
 
     host = "127.0.0.1"
@@ -147,6 +148,20 @@ class RabbitMQBroker:
             "default_pass": self.password,
             "default_vhost": self.vhost,
             "log.file.level": "warning",
+            # Lossy links: TCP backoff stalls a connection for a minute or more (see the docstring
+            # of tensorwire.transports.amqp). A handshake gets as long as the client gives it
+            # (amqp.HANDSHAKE_TIMEOUT; RabbitMQ's is 10 s), a send to a client as long as the
+            # broker's heartbeat check takes to find it dead (3 x amqp.HEARTBEAT): the listener's
+            # 30 s (Ranch's default) closed devices' connections at 20 % loss,
+            # {writer,send_failed,{error,timeout}}. Setting one tcp_listen_options key replaces
+            # RabbitMQ's list, so its other defaults are repeated.
+            "handshake_timeout": "60000",
+            "tcp_listen_options.send_timeout": "540000",
+            "tcp_listen_options.backlog": "128",
+            "tcp_listen_options.nodelay": "true",
+            "tcp_listen_options.linger.on": "true",
+            "tcp_listen_options.linger.timeout": "0",
+            "tcp_listen_options.exit_on_close": "false",
             # RabbitMQ lets "guest" in from loopback only; a node bound elsewhere lets it in.
             **({} if self.host.startswith("127.") else {"loopback_users": "none"}),
             **self.settings,
