@@ -75,7 +75,11 @@ MQTT_MAX_PACKET = 268_435_455 + 5  # the protocol's largest remaining length + f
 # (1000 by default): bigger chunks keep one message well below that.
 MAX_CHUNKS_PER_MESSAGE = 512
 WINDOW_BYTES = 8 << 20  # published but unacknowledged, per send
-KEEPALIVE_S = 60
+# Seconds of MQTT keep-alive. paho drops its connection when a PINGRESP is a keep-alive late,
+# the broker a client silent for 1.5 keep-alives (then sends its will). At 60 s a device lost
+# its broker connection at 20 % loss ("Keep alive timeout"): TCP backoff stalls a connection
+# for a minute or more. A connection that really closes is noticed at once either way.
+KEEPALIVE_S = 180
 # Seconds a chunked message may go without a new chunk before it counts as lost. At QoS 0 a
 # chunk can be lost for good, so give up soon. At QoS 1/2 none is lost while the sender is
 # connected (and when its connection dies its will says so), but on a lossy link TCP's
