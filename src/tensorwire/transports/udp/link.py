@@ -358,6 +358,8 @@ class Link:
     def _on_sent(self, msg: Message, now: float) -> None:
         mid = _int_field(msg, "id", 0, 2**64 - 1)
         count = _int_field(msg, "count", 1, 2**32)
+        if not self.reliable:
+            self._take_head_chunks(msg, mid, now)
         delivered = self._finished.get(mid)
         if delivered and self.reliable:
             self.send_control("ack", {"id": mid})
@@ -386,6 +388,32 @@ class Link:
         if rate is not None:
             meta["rate"] = rate
         self.send_control("nack", meta, {"ranges": ranges})
+
+    def _take_head_chunks(self, msg: Message, mid: int, now: float) -> None:
+        """Feed the header's chunks a best-effort ``sent`` carries, as if they had come as
+        datagrams (copies of ones that did come are dropped by the reassembler)."""
+        chunks, sizes = msg.tensors.get("head_chunks"), msg.tensors.get("head_sizes")
+        if chunks is None or sizes is None:
+            return  # a peer that sends none: the header travels by datagram only
+        chunks, sizes = np.asarray(chunks), np.asarray(sizes)
+        if (
+            chunks.dtype != np.uint8
+            or chunks.ndim != 1
+            or sizes.dtype != np.int64
+            or sizes.ndim != 1
+            or (sizes < CHUNK_HEADER_SIZE).any()
+            or int(sizes.sum()) != chunks.size
+        ):
+            raise MalformedHeader(f"{self.label}: a 'sent' with malformed header chunks")
+        view = memoryview(chunks)
+        start = 0
+        for size in sizes.tolist():
+            chunk = view[start : start + size]
+            start += size
+            (chunk_mid,) = _MESSAGE_ID.unpack_from(chunk, 8)
+            if chunk_mid != mid:
+                raise MalformedHeader(f"{self.label}: a header chunk of another message in 'sent'")
+            self.on_datagram(chunk, now)
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -486,18 +514,22 @@ class Link:
     def _send_best_effort(self, enc: EncodedMessage, mid: int, deadline: float | None) -> None:
         payload = self.options.chunk_payload
         head_chunks = -(-len(enc.head) // payload)
-        again: list[list[Any]] = []
+        head: list[bytes] = []
         count = 0
         for parts in iter_chunks(enc.frames(), mid, payload):
             self._send_datagram(parts, self._bucket, deadline)
             if count < head_chunks:
-                again.append(parts)
+                head.append(b"".join(parts))
             count += 1
-        # A second copy of the header's chunks: losing the header loses the whole message.
-        for parts in again:
-            self._send_datagram(parts, self._bucket, deadline)
-        self.stats.add(datagrams_sent=count + len(again))
-        self.send_control("sent", {"id": mid, "count": count})
+        self.stats.add(datagrams_sent=count)
+        # The chunks holding the prefix and header go again with ``sent``, over TCP: without
+        # them no tensor can be placed, so only tensor bytes are ever lost (a second datagram
+        # copy still lost ~12 % of whole updates at 20 % loss).
+        sizes = np.array([len(c) for c in head], np.int64)
+        chunks = np.frombuffer(b"".join(head), np.uint8)
+        self.send_control(
+            "sent", {"id": mid, "count": count}, {"head_chunks": chunks, "head_sizes": sizes}
+        )
 
     def _send_reliable(self, enc: EncodedMessage, mid: int, deadline: float | None) -> None:
         payload = self.options.chunk_payload
