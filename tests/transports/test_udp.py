@@ -162,6 +162,31 @@ def test_best_effort_header_comes_with_sent_so_losing_its_datagrams_loses_no_mes
         ch.close()
 
 
+def test_best_effort_waits_for_a_late_sent_when_the_header_datagrams_were_lost(monkeypatch):
+    # as on a lossy link, where TCP backoff holds "sent" back for longer than the idle timeout
+    _drop_datagrams(monkeypatch, lambda mid, index: index == 0)
+    real = udp_link.Link.send_control
+    delay = 3 * udp_link.IDLE_FLOOR
+
+    def late_sent(self, kind, meta, tensors=None):
+        if kind == "sent":
+            time.sleep(delay)
+        real(self, kind, meta, tensors)
+
+    monkeypatch.setattr(udp_link.Link, "send_control", late_sent)
+    arr = np.arange(20_000, dtype=np.float32)
+    with _serve("best-effort") as hub:
+        ch = tensorwire.connect(hub.url, client_id="late", timeout=T)
+        hub.wait_for(1, timeout=T)
+        t = time.perf_counter()
+        ch.send({"w": arr})
+        cid, msg = hub.recv(timeout=T)  # was: the whole message lost after the idle timeout
+        assert cid == "late" and time.perf_counter() - t >= delay * 0.9
+        assert msg.loss["w"] < 0.01
+        assert hub.udp_stats.lost_messages == 0
+        ch.close()
+
+
 def test_best_effort_uplink_loss_is_reported_to_the_hub(monkeypatch):
     _drop_datagrams(monkeypatch, lambda mid, index: index == 5)
     arr = np.arange(50_000, dtype=np.float64)

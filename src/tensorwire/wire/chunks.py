@@ -223,6 +223,17 @@ class ChunkReassembler:
         if last and head.offset + n != p.total:
             raise ChunkError(f"last chunk ends at {head.offset + n}, message is {p.total} bytes")
 
+    def leading_bytes(self, message_id: int, source: Hashable = None) -> memoryview:
+        """The bytes of a pending message from offset 0 up to its first missing chunk (empty
+        if chunk 0 has not come): enough, say, to tell whether its header is there yet."""
+        p = self._pending.get((source, message_id))
+        if p is None or not p.received.size or not p.received[0]:
+            return memoryview(b"")
+        gaps = np.flatnonzero(~p.received)
+        if not gaps.size:
+            return memoryview(p.data)
+        return memoryview(p.data)[: int(gaps[0]) * (p.chunk_payload or p.total)]
+
     def missing(self, message_id: int, source: Hashable = None) -> list[int]:
         """Indices of the chunks not yet received for a pending message (for NACKs)."""
         p = self._pending.get((source, message_id))

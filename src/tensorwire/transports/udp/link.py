@@ -9,8 +9,10 @@ paced by the link's token bucket; then a ``sent`` control message says the sende
   every chunk, ``ack``. The sender resends what a NACK lists and says ``sent`` again, until
   the ack. Both go over TCP, so no timer is needed to detect a lost NACK; the only waits
   are the caller's deadline and a bound on an unanswered peer.
-- ``best-effort``: nothing is resent. The receiver decodes what arrived one grace period
-  (two control-link RTTs) after ``sent``, or after an idle timeout if ``sent`` never comes.
+- ``best-effort``: no tensor byte is resent. ``sent`` also carries the chunks that hold the
+  message's prefix and header (over TCP), so a message is never lost whole. The receiver
+  decodes what arrived one grace period (two control-link RTTs) after ``sent``, or after an
+  idle timeout if ``sent`` never comes (a long one while the header is still missing).
 
 Receiving runs in the endpoint's I/O thread; each message has its own ``ChunkReassembler``
 so finishing one (complete, partial or dropped) never touches another.
@@ -54,6 +56,7 @@ from tensorwire.wire import (
     new_message_id,
     parse_chunk,
 )
+from tensorwire.wire.format import PREFIX, PREFIX_SIZE
 from tensorwire.wire.partial import decode_partial
 from tensorwire.wire.tensors import TensorPath, flatten
 
@@ -459,13 +462,25 @@ class Link:
             if inc.finalize_at is not None and now >= inc.finalize_at:
                 self._give_up(mid, self._incoming.pop(mid), now, "")
                 continue
-            idle_until = inc.last_at + inc.reassembler.timeout
+            idle_until = inc.last_at + self._idle_limit(mid, inc)
             if now >= idle_until:
                 self._give_up(mid, self._incoming.pop(mid), now, "no datagram came for a while")
                 continue
             due = idle_until if inc.finalize_at is None else min(idle_until, inc.finalize_at)
             soonest = due if soonest is None else min(soonest, due)
         return None if soonest is None else soonest - now
+
+    def _idle_limit(self, mid: int, inc: _Incoming) -> float:
+        """Seconds ``inc`` may go without a datagram. A best-effort message whose header has
+        not come waits for ``sent``, which brings it over TCP (a lossy link can hold that
+        back for tens of seconds); a dead peer ends it sooner, when its link drops."""
+        limit = inc.reassembler.timeout
+        if self.reliable or inc.finalize_at is not None:
+            return limit
+        lead = inc.reassembler.leading_bytes(mid)
+        if len(lead) >= PREFIX_SIZE and len(lead) >= PREFIX_SIZE + PREFIX.unpack_from(lead)[4]:
+            return limit  # the header is here: what is missing is tensor bytes
+        return max(limit, RELIABLE_IDLE)
 
     def _give_up(self, mid: int, inc: _Incoming, now: float, why: str) -> None:
         """Stop waiting for a message: best-effort delivers what arrived, reliable drops it
