@@ -249,18 +249,9 @@ def server_command(exp: Experiment, url: str, exp_dir: Path) -> list[str]:
 
 def device_command(url: str, device: int) -> list[str]:
     """``tensorwire fl client`` as device ``device``, one torch thread."""
-    return _python_tensorwire(
-        "fl",
-        "client",
-        "--url",
-        url,
-        "--id",
-        str(device),
-        "--threads",
-        "1",
-        "--timeout",
-        str(max(JOIN_TIMEOUT, ROUND_TIMEOUT)),
-    )
+    from tensorwire.fl.run import device_command as fl_device_command
+
+    return [*fl_device_command(url, device, max(JOIN_TIMEOUT, ROUND_TIMEOUT)), "--threads", "1"]
 
 
 def experiment_limit(exp: Experiment) -> float:

@@ -171,6 +171,22 @@ def _title(values: tuple) -> str:
     return ", ".join(map(str, values))
 
 
+def _comm_bars_per_model(rows: pd.DataFrame, group: str, xlabel: str, colors: dict) -> Figure:
+    """Communication time per ``group`` on the x axis, a bar per series, its lower bound
+    across each bar; a panel per model."""
+    models = _order(rows["model"])
+    fig, axes = _panels(len(models))
+    for ax, model in zip(axes, models, strict=True):
+        grouped_bars(
+            ax, rows[rows["model"] == model], group, "series", "comm_s", "lower_bound_s", colors
+        )
+        ax.set_title(str(model))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(COMM_LABEL)
+    _legend(axes)
+    return fig
+
+
 # --- the figures ---------------------------------------------------------------------------
 
 
@@ -179,16 +195,7 @@ def comm_time_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> Figure
     rows = base_rows(frame, {"profile", "model"})
     if rows.empty:
         return None
-    models = _order(rows["model"])
-    fig, axes = _panels(len(models))
-    for ax, model in zip(axes, models, strict=True):
-        grouped_bars(
-            ax, rows[rows["model"] == model], "profile", "series", "comm_s", "lower_bound_s", colors
-        )
-        ax.set_title(str(model))
-        ax.set_xlabel("network profile")
-        ax.set_ylabel(COMM_LABEL)
-    _legend(axes)
+    fig = _comm_bars_per_model(rows, "profile", "network profile", colors)
     return _save(
         fig,
         out_dir,
@@ -289,7 +296,7 @@ def accuracy_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureF
         "accuracy",
         "Accuracy per round",
         "Global model's test accuracy after each FedAvg round (mean over repetitions)"
-        + ("; dashed: with uplink compression." if several else "."),
+        + ("; dashed: with compression (uplink or downlink)." if several else "."),
     )
 
 
@@ -426,16 +433,7 @@ def codec_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile
     if frame["codec"].nunique() < 2:
         return None
     rows = base_rows(frame, {"codec", "model"})
-    models = _order(rows["model"])
-    fig, axes = _panels(len(models))
-    for ax, model in zip(axes, models, strict=True):
-        grouped_bars(
-            ax, rows[rows["model"] == model], "codec", "series", "comm_s", "lower_bound_s", colors
-        )
-        ax.set_title(str(model))
-        ax.set_xlabel("compression (uplink / downlink)")
-        ax.set_ylabel(COMM_LABEL)
-    _legend(axes)
+    fig = _comm_bars_per_model(rows, "codec", "compression (uplink / downlink)", colors)
     return _save(
         fig,
         out_dir,

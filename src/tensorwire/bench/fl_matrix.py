@@ -66,8 +66,7 @@ class Experiment:
     epochs: int = 1
 
     def __post_init__(self) -> None:
-        # tensorwire.fl imports torch
-        from tensorwire.fl.config import DOWNLINK_MODES, UPLINK_COMPRESSORS
+        from tensorwire.fl.config import FLConfig  # tensorwire.fl imports torch
 
         if self.protocol not in PROTOCOL_SCHEMES:
             raise ValueError(
@@ -75,16 +74,17 @@ class Experiment:
             )
         if self.stress not in STRESSES:
             raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
-        if self.uplink not in UPLINK_COMPRESSORS:
-            raise ValueError(
-                f"uplink {self.uplink!r}: choose among {', '.join(UPLINK_COMPRESSORS)}"
-            )
-        if self.downlink not in DOWNLINK_MODES:
-            raise ValueError(
-                f"downlink {self.downlink!r}: choose among {', '.join(DOWNLINK_MODES)}"
-            )
-        if self.epochs < 1:
-            raise ValueError("epochs must be positive")
+        # the run's own settings are checked where the run checks them
+        FLConfig(
+            dataset=self.dataset,
+            model=self.model,
+            clients=self.clients,
+            rounds=self.rounds,
+            epochs=self.epochs,
+            uplink=self.uplink,
+            ratio=self.ratio,
+            downlink=self.downlink,
+        )
         self.link_profile()  # a profile that does not parse fails here, not mid-run
 
     @property
