@@ -110,3 +110,29 @@ class GatherTimeout(TransportTimeout):
     def __init__(self, message: str, missing: list[str]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class SessionRefused(TransportError):
+    """The other side refused the session: a malformed hello, say. ``code`` names the kind."""
+
+    code = "refused"
+
+
+class VersionMismatch(SessionRefused):
+    """The peer speaks another session-protocol version; the message names both."""
+
+    code = "version"
+
+    def __init__(self, ours: int, theirs: int, peer: str) -> None:
+        super().__init__(
+            f"{peer} speaks tensorwire session protocol version {theirs}, this side speaks "
+            f"version {ours}: run the same tensorwire release on both sides"
+        )
+        self.ours = ours
+        self.theirs = theirs
+
+
+class AuthenticationError(SessionRefused):
+    """The hub did not accept this client's credential (or it has none the hub asks for)."""
+
+    code = "auth"

@@ -11,6 +11,7 @@ import pytest
 
 import tensorwire
 from tensorwire.errors import BadMagic, ChecksumMismatch
+from tensorwire.transports.session import ClientSession
 from tensorwire.transports.url import host_port
 from tensorwire.wire import encode_message
 
@@ -25,7 +26,7 @@ def hub():
 
 def _raw_client(hub: tensorwire.Hub, client_id: str) -> socket.socket:
     sock = socket.create_connection(host_port(hub.url), timeout=T)
-    hello = encode_message(None, {"client_id": client_id, "decoders": []}, kind="hello")
+    hello = ClientSession(client_id, decoders=[], max_message_bytes=1 << 20).hello()
     sock.sendall(hello.to_bytes())
     assert sock.recv(4) == b"TWIR"  # the welcome begins
     return sock
@@ -47,7 +48,7 @@ def test_garbage_before_hello_is_refused_and_others_are_served(hub, caplog):
         junk = socket.create_connection(host_port(hub.url), timeout=T)
         junk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
         assert junk.recv(16) == b""  # the hub hangs up on it
-    assert "refused connection" in caplog.text and "bad magic" in caplog.text
+    assert "refused a session" in caplog.text and "bad magic" in caplog.text
     good.send({"v": np.arange(3)})
     assert hub.recv(timeout=T)[0] == "good"
     good.close()

@@ -73,7 +73,7 @@ def run_server(
         previous: StateDict | None = None
         for r in range(1, cfg.rounds + 1):
             started = time.perf_counter()
-            first = len(hub.records)
+            first = hub.records.mark()
             payload = global_state
             if cfg.downlink == "delta" and previous is not None:
                 payload = xor_delta(global_state, previous)
@@ -95,7 +95,7 @@ def run_server(
             previous, global_state = global_state, fedavg(local_states, samples)
             load_numpy_state(model, global_state)
             test_loss, accuracy = evaluate(model, data.test_x, data.test_y)
-            round_records = hub.records[first:]
+            round_records = hub.records.since(first)
             row = _round_row(r, updates, round_records, test_loss, accuracy, started)
             result.rounds.append(row)
             result.transfers += transfer_rows(r, "server", round_records)

@@ -1,7 +1,10 @@
 """What every transport's hub and channel share: the API, membership, inbox, gather, records.
 
 A transport subclass supplies the I/O: how to send an encoded message to one peer, and
-threads that call :meth:`Hub._joined`, :meth:`Hub._delivered` and :meth:`Hub._left`.
+threads that drive a :mod:`~tensorwire.transports.session` per peer and call
+:meth:`Hub._joined`, :meth:`Hub._delivered` and :meth:`Hub._left`. :func:`dial` connects
+with a deadline and backoff, :class:`Inbox` hands received messages to ``recv``. Logs that a
+stranger can make grow (errors, records, events) are bounded.
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tensorwire.codecs import AutoCodec, available_codecs, get_codec, resolve_codecs
-from tensorwire.errors import GatherTimeout, PeerGone, TransportError, TransportTimeout
+from tensorwire.errors import (
+    GatherTimeout,
+    MessageTooLarge,
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+)
+from tensorwire.transports.session import PROTOCOL_VERSION as PROTOCOL_VERSION
+from tensorwire.transports.session import Hello
 from tensorwire.wire import (
     CodecSelector,
     EncodedMessage,
@@ -31,7 +43,9 @@ from tensorwire.wire import (
 
 log = logging.getLogger("tensorwire.transports")
 
-PROTOCOL_VERSION = 1
+MAX_RECORDS = 100_000  # transfer records kept per endpoint (older ones are only counted)
+MAX_ERRORS = 1_000  # rejected messages kept per hub (all are counted, by type)
+MAX_EVENTS = 10_000  # membership events kept per hub
 
 
 @dataclass
@@ -62,6 +76,177 @@ class TransferRecord:
         return asdict(self)
 
 
+class RecordLog:
+    """The last ``maxlen`` transfer records, oldest first, and a count of all ever added.
+
+    ``mark()`` then ``since(mark)`` gives the records added in between (as many as are still
+    kept); ``subscribe(fn)`` streams every record out as it is made (from transport threads).
+    """
+
+    def __init__(self, maxlen: int = MAX_RECORDS) -> None:
+        self._items: deque[TransferRecord] = deque(maxlen=maxlen)
+        self.total = 0
+        self._subscribers: list[Callable[[TransferRecord], None]] = []
+
+    def append(self, rec: TransferRecord) -> None:
+        self._items.append(rec)
+        self.total += 1
+        for fn in self._subscribers:
+            fn(rec)
+
+    def subscribe(self, fn: Callable[[TransferRecord], None]) -> None:
+        self._subscribers.append(fn)
+
+    def mark(self) -> int:
+        return self.total
+
+    def since(self, mark: int) -> list[TransferRecord]:
+        n = min(self.total - mark, len(self._items))
+        return list(self._items)[len(self._items) - n :] if n > 0 else []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[TransferRecord]:
+        return iter(list(self._items))
+
+    def __getitem__(self, index: int) -> TransferRecord:
+        return self._items[index]
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+class ErrorLog:
+    """``(peer, exception)`` of the last ``maxlen`` rejected messages; ``counts`` has them all
+    by exception type."""
+
+    def __init__(self, maxlen: int = MAX_ERRORS) -> None:
+        self._items: deque[tuple[str, Exception]] = deque(maxlen=maxlen)
+        self.counts: dict[str, int] = {}
+
+    def append(self, item: tuple[str, Exception]) -> None:
+        self._items.append(item)
+        name = type(item[1]).__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[tuple[str, Exception]]:
+        return iter(list(self._items))
+
+    def __getitem__(self, index: int) -> tuple[str, Exception]:
+        return self._items[index]
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+@dataclass(frozen=True)
+class MembershipEvent:
+    """A change a hub's caller should see: ``kind`` is ``joined``, ``left``, ``refused``,
+    ``replaced`` (a client's newer session took over), ``slow`` (a send missed its deadline),
+    ``medium-lost`` / ``medium-back`` (the broker connection); ``at`` is unix seconds."""
+
+    kind: str
+    client_id: str | None
+    reason: str
+    at: float
+
+
+class BroadcastResult(dict[str, TransferRecord]):
+    """``broadcast``'s result: a record per client reached; ``failed`` maps each client it did
+    not reach (not connected, gone, or past its deadline) to the error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: dict[str, Exception] = {}
+
+
+class Inbox:
+    """What a channel's transport thread received, for ``recv`` on the caller's thread.
+
+    ``put`` a message; ``fail(exc)`` makes every later ``get`` raise ``exc`` once the queued
+    messages are taken (the connection ended); ``get(deadline)`` raises
+    :class:`TransportTimeout` when the deadline passes first.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._cond = threading.Condition()
+        self._error: Exception | None = None
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+
+    def fail(self, exc: Exception) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
+
+    @property
+    def failed(self) -> Exception | None:
+        return self._error
+
+    def get(self, deadline: float | None) -> Any:
+        with self._cond:
+            while not self._items:
+                if self._error is not None:
+                    raise self._error
+                left = remaining(deadline)
+                if left == 0.0:
+                    raise TransportTimeout("no message from the hub in time")
+                self._cond.wait(left)
+            return self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def dial(
+    connect: Callable[[float | None], Any],
+    *,
+    what: str,
+    timeout: float | None,
+    first_delay: float = 0.02,
+    max_delay: float = 1.0,
+) -> Any:
+    """Call ``connect(deadline)`` until it returns, backing off after each failure.
+
+    A refusal (:class:`SessionRefused`: wrong version, credential ...) is final and raised at
+    once; any other ``OSError`` is retried until ``timeout`` seconds have passed, saying so in
+    the log ("cannot reach WHAT, retrying (n)"), then :class:`TransportTimeout` names the last
+    error.
+    """
+    deadline = deadline_after(timeout)
+    delay = first_delay
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return connect(deadline)
+        except SessionRefused:
+            raise
+        except OSError as exc:
+            left = remaining(deadline)
+            if left is not None and left <= delay:
+                raise TransportTimeout(
+                    f"could not reach {what} within {timeout} s ({attempt} attempts): {exc}"
+                ) from None
+            if attempt == 1 or attempt % 10 == 0:
+                log.info("cannot reach %s (%s), retrying (%d)", what, exc, attempt)
+        time.sleep(delay)
+        delay = min(delay * 2, max_delay)
+
+
 def deadline_after(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -81,7 +266,9 @@ def control_message(kind: str, meta: Mapping[str, Any] | None = None) -> Encoded
 
 
 def parse_hello(msg: Message) -> tuple[str, frozenset[str]]:
-    """``(client_id, codecs it decodes)`` from a client's hello; ``TransportError`` if malformed."""
+    """``(client_id, codecs it decodes)`` from a client's hello; ``TransportError`` if malformed.
+
+    For transports not yet on :class:`~tensorwire.transports.session.HubSession`."""
     meta = msg.meta
     cid = meta.get("client_id")
     decoders = meta.get("decoders", [])
@@ -90,6 +277,13 @@ def parse_hello(msg: Message) -> tuple[str, frozenset[str]]:
     if not isinstance(decoders, list) or not all(isinstance(d, str) for d in decoders):
         raise TransportError("hello: 'decoders' must be a list of codec ids")
     return cid, frozenset(decoders)
+
+
+@dataclass(frozen=True)
+class _Member:
+    decoders: frozenset[str]
+    max_message_bytes: int | None  # the largest message it accepts; None: not announced
+    session: object  # the connection it joined on (see Hub._joined)
 
 
 class _Endpoint:
@@ -102,7 +296,7 @@ class _Endpoint:
         self.selector: CodecSelector = resolve_codecs(codec)
         self.checksum = checksum
         self.limits = limits
-        self.records: list[TransferRecord] = []
+        self.records = RecordLog()
         self.decoders = available_codecs()
 
     def set_codec(self, codec: Any) -> None:
@@ -116,15 +310,24 @@ class _Endpoint:
         meta: Mapping[str, Any] | None,
         peer_decoders: frozenset[str],
         kind: str = "data",
+        peer_max_bytes: int | None = None,
+        peer: str = "the peer",
     ) -> EncodedMessage:
-        """Encode with this endpoint's codecs, keeping to those the peer can decode."""
+        """Encode with this endpoint's codecs, keeping to those the peer can decode; a message
+        larger than the peer accepts raises :class:`MessageTooLarge` here, at the sender."""
         selector = self.selector
 
         def allowed(name: str, arr: Any) -> list[Any]:
             chain = list(selector(name, arr))
             return chain if all(c.get_config()["id"] in peer_decoders for c in chain) else []
 
-        return encode_message(tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind)
+        enc = encode_message(tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind)
+        if peer_max_bytes is not None and enc.nbytes > peer_max_bytes:
+            raise MessageTooLarge(
+                f"a message of {enc.nbytes} bytes is over the {peer_max_bytes} bytes {peer} "
+                "accepts (its Limits.max_message_bytes): send less, or raise its limit"
+            )
+        return enc
 
     def _note_send(
         self, peer: str, enc: EncodedMessage, wire_s: float, started: float
@@ -200,14 +403,18 @@ class Hub(_Endpoint):
         limits: Limits = Limits(),
         on_join: Callable[[str], None] | None = None,
         on_leave: Callable[[str, str], None] | None = None,
+        on_event: Callable[[MembershipEvent], None] | None = None,
+        authenticate: Callable[[Hello], None] | None = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.on_join = on_join
         self.on_leave = on_leave
-        self.errors: list[tuple[str, Exception]] = []
+        self.on_event = on_event
+        self.authenticate = authenticate
+        self.errors = ErrorLog()
+        self.events: deque[MembershipEvent] = deque(maxlen=MAX_EVENTS)
         self._cond = threading.Condition()
-        self._members: dict[str, frozenset[str]] = {}  # client id -> codecs it decodes
-        self._member_session: dict[str, object] = {}  # client id -> its connection (see _joined)
+        self._members: dict[str, _Member] = {}
         self._inbox: deque[tuple[str, Message]] = deque()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="tensorwire-send")
@@ -224,30 +431,56 @@ class Hub(_Endpoint):
 
     # -- called by transport threads -----------------------------------------------------
 
-    def _joined(self, client_id: str, decoders: frozenset[str], session: object = None) -> None:
+    def _session_options(self) -> dict[str, Any]:
+        """Keyword arguments for a :class:`~tensorwire.transports.session.HubSession`."""
+        return {
+            "decoders": self.decoders,
+            "max_message_bytes": self.limits.max_message_bytes,
+            "authenticate": self.authenticate,
+        }
+
+    def _event(self, kind: str, client_id: str | None, reason: str) -> None:
+        event = MembershipEvent(kind, client_id, reason, time.time())
+        self.events.append(event)
+        if self.on_event:
+            self.on_event(event)
+
+    def _joined(
+        self,
+        client_id: str,
+        decoders: frozenset[str],
+        session: object = None,
+        max_message_bytes: int | None = None,
+    ) -> None:
         """``client_id`` is a member now. ``session`` (a connection object) ties the
         membership to one connection, so that an old connection's late :meth:`_left` cannot
         remove the client that has since reconnected."""
         with self._cond:
-            self._members[client_id] = decoders
-            self._member_session[client_id] = session
+            replaced = client_id in self._members
+            self._members[client_id] = _Member(decoders, max_message_bytes, session)
             self._cond.notify_all()
         log.info("%s: client %r joined", self.protocol, client_id)
+        self._event("replaced" if replaced else "joined", client_id, "said hello")
         if self.on_join:
             self.on_join(client_id)
 
     def _left(self, client_id: str, reason: str, session: object = None) -> None:
         """``client_id`` left; with ``session``, only if that connection is still its own."""
         with self._cond:
-            if session is not None and self._member_session.get(client_id) is not session:
-                return  # an older connection's end: the client is back on a newer one
-            if self._members.pop(client_id, None) is None:
-                return
-            self._member_session.pop(client_id, None)
+            member = self._members.get(client_id)
+            if member is None or (session is not None and member.session is not session):
+                return  # unknown, or an older connection's end: the client is back on a newer one
+            del self._members[client_id]
             self._cond.notify_all()
         log.info("%s: client %r left: %s", self.protocol, client_id, reason)
+        self._event("left", client_id, reason)
         if self.on_leave:
             self.on_leave(client_id, reason)
+
+    def _refused(self, who: str, exc: Exception) -> None:
+        """A session was refused (bad hello, version, credential): logged, rate-limited."""
+        _log_limited(f"refused {who}", f"{self.protocol}: refused a session from {who}: {exc}")
+        self._event("refused", None, f"{who}: {exc}")
 
     def _delivered(self, client_id: str, msg: Message) -> None:
         self._note_recv(client_id, msg)
@@ -256,7 +489,10 @@ class Hub(_Endpoint):
             self._cond.notify_all()
 
     def _rejected(self, client_id: str, exc: Exception) -> None:
-        log.warning("%s: dropped a message from %r: %s", self.protocol, client_id, exc)
+        _log_limited(
+            f"rejected {client_id}",
+            f"{self.protocol}: dropped a message from {client_id!r}: {exc}",
+        )
         self.errors.append((client_id, exc))
 
     # -- public API ------------------------------------------------------------------
@@ -289,14 +525,30 @@ class Hub(_Endpoint):
         *,
         timeout: float | None = None,
     ) -> TransferRecord:
-        """Send one message to one client; return its transfer record."""
+        """Send one message to one client; return its transfer record.
+
+        Raises :class:`PeerGone` if it is not connected (or the hub is closed),
+        :class:`TransportTimeout` past ``timeout`` seconds, :class:`MessageTooLarge` if the
+        message is over what the client accepts.
+        """
         with self._cond:
-            decoders = self._members.get(client_id)
-        if decoders is None:
-            raise PeerGone(f"client {client_id!r} is not connected (connected: {self.clients})")
+            member = None if self._closed else self._members.get(client_id)
+        if member is None:
+            raise PeerGone(self._not_connected(client_id))
         started = time.perf_counter()
-        enc = self._encode_for(tensors, meta, decoders)
+        enc = self._encode_for(
+            tensors,
+            meta,
+            member.decoders,
+            peer_max_bytes=member.max_message_bytes,
+            peer=f"client {client_id!r}",
+        )
         return self._send_one(client_id, enc, deadline_after(timeout), started)
+
+    def _not_connected(self, client_id: str) -> str:
+        if self._closed:
+            return f"the hub at {self.url} is closed"
+        return f"client {client_id!r} is not connected (connected: {self.clients})"
 
     def _send_one(
         self, client_id: str, enc: EncodedMessage, deadline: float | None, started: float
@@ -315,25 +567,41 @@ class Hub(_Endpoint):
     ) -> dict[str, TransferRecord]:
         """Send one message to every client (or to ``clients``), concurrently.
 
-        The message is encoded once per set of codecs the clients can decode. A client whose
-        send fails is reported in :attr:`errors` and left out of the result.
+        The message is encoded once per set of codecs the clients can decode. Each client's
+        send has the same deadline, so a slow or hung one does not hold up the others past it.
+        Returns a :class:`BroadcastResult`: a record per client reached, and ``.failed`` for
+        each one not reached (not connected, gone, over its size limit, past the deadline),
+        which is also logged and, for a missed deadline, a ``slow`` event.
         """
         started = time.perf_counter()
         deadline = deadline_after(timeout)
+        out = BroadcastResult()
         with self._cond:
-            targets = {c: d for c, d in self._members.items() if clients is None or c in clients}
-        groups: dict[frozenset[str], list[str]] = {}
-        for c, decoders in targets.items():
-            groups.setdefault(decoders, []).append(c)
-        out: dict[str, TransferRecord] = {}
-        for decoders, members in groups.items():
-            enc = self._encode_for(tensors, meta, decoders)
+            if self._closed:
+                raise PeerGone(f"the hub at {self.url} is closed")
+            wanted = list(self._members) if clients is None else list(clients)
+            targets = {c: self._members[c] for c in wanted if c in self._members}
+        for c in wanted:
+            if c not in targets:
+                out.failed[c] = PeerGone(f"client {c!r} is not connected")
+        groups: dict[tuple[frozenset[str], int | None], list[str]] = {}
+        for c, member in targets.items():
+            groups.setdefault((member.decoders, member.max_message_bytes), []).append(c)
+        for (decoders, max_bytes), members in groups.items():
+            try:
+                enc = self._encode_for(tensors, meta, decoders, peer_max_bytes=max_bytes)
+            except MessageTooLarge as exc:
+                out.failed.update(dict.fromkeys(members, exc))
+                continue
             for c, result in self._send_many(members, enc, deadline).items():
                 if isinstance(result, Exception):
-                    log.warning("%s: broadcast to %r failed: %s", self.protocol, c, result)
-                    self.errors.append((c, result))
+                    out.failed[c] = result
                 else:
                     out[c] = self._note_send(c, enc, result, started)
+        for c, exc in out.failed.items():
+            log.warning("%s: broadcast to %r failed: %s", self.protocol, c, exc)
+            if isinstance(exc, TransportTimeout):
+                self._event("slow", c, f"missed the broadcast deadline: {exc}")
         return out
 
     def _send_many(
@@ -350,6 +618,11 @@ class Hub(_Endpoint):
             self._send_encoded(c, enc, deadline)
             return time.perf_counter() - t
 
+        if len(clients) == 1:  # no hand-off to a worker thread for a single client
+            try:
+                return {clients[0]: timed(clients[0])}
+            except Exception as exc:
+                return {clients[0]: exc}
         futures = {c: self._pool.submit(timed, c) for c in clients}
         results: dict[str, float | Exception] = {}
         for c, fut in futures.items():
@@ -412,6 +685,7 @@ class Hub(_Endpoint):
         self._close_transport()
         with self._cond:
             self._closed = True
+            self._members.clear()
             self._cond.notify_all()
         self._pool.shutdown(wait=True)
 
@@ -427,6 +701,7 @@ class Channel(_Endpoint):
 
     client_id: str
     hub_decoders: frozenset[str]
+    hub_max_bytes: int | None = None  # the largest message the hub accepts (its welcome)
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         raise NotImplementedError
@@ -443,7 +718,9 @@ class Channel(_Endpoint):
     ) -> TransferRecord:
         """Send one message to the hub; return its transfer record."""
         started = time.perf_counter()
-        enc = self._encode_for(tensors, meta, self.hub_decoders)
+        enc = self._encode_for(
+            tensors, meta, self.hub_decoders, peer_max_bytes=self.hub_max_bytes, peer="the hub"
+        )
         t = time.perf_counter()
         self._send_encoded(enc, deadline_after(timeout))
         return self._note_send("hub", enc, time.perf_counter() - t, started)
@@ -468,6 +745,24 @@ class Channel(_Endpoint):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_LOG_EVERY_S = 10.0  # a repeated warning (one peer's junk, say) is logged at most this often
+_last_logged: dict[str, tuple[float, int]] = {}
+
+
+def _log_limited(key: str, text: str) -> None:
+    """Log a warning, but one of the same ``key`` (a kind of fault from one peer) at most once
+    per ``_LOG_EVERY_S`` seconds, saying how many were held back."""
+    now = time.monotonic()
+    last, held = _last_logged.get(key, (-_LOG_EVERY_S, 0))
+    if now - last < _LOG_EVERY_S:
+        _last_logged[key] = (last, held + 1)
+        return
+    if len(_last_logged) > 1024:
+        _last_logged.clear()
+    _last_logged[key] = (now, 0)
+    log.warning("%s%s", text, f" (and {held} more like it)" if held else "")
 
 
 def _out_by_path(out: Mapping[Any, Any] | None) -> dict[tuple[str, ...], Any] | None:

@@ -1,8 +1,15 @@
-"""Moving encoded messages over a connected stream socket: scatter-gather out, recv_into in."""
+"""Moving encoded messages over a connected stream socket: scatter-gather out, recv_into in.
+
+The socket stays in blocking mode, so one thread may read while another writes. A deadline
+never changes the socket's flags (``settimeout`` would: it makes the shared file description
+non-blocking, and the other thread's blocking call then fails with EAGAIN); a call with a
+deadline tries once with ``MSG_DONTWAIT`` and waits in ``poll`` when the kernel is not ready.
+"""
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import time
 
@@ -14,28 +21,38 @@ STAGING_BYTES = 64 << 10
 """Reads smaller than this go through a staging buffer; bigger ones land in place."""
 
 
-def _set_timeout(sock: socket.socket, deadline: float | None) -> None:
-    if deadline is None:
-        sock.settimeout(None)
-    else:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TransportTimeout("timed out")
-        sock.settimeout(left)
+def wait_ready(sock: socket.socket, events: int, deadline: float | None, what: str) -> None:
+    """Wait in ``poll`` until ``sock`` is ready for ``events``; ``TransportTimeout`` at the
+    deadline (``time.monotonic()`` seconds; None waits as long as it takes)."""
+    poller = select.poll()
+    poller.register(sock, events)
+    while True:
+        if deadline is None:
+            left_ms = None
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportTimeout(f"{what} timed out")
+            left_ms = left * 1000
+        if poller.poll(left_ms):
+            return
 
 
 def sendmsg_all(sock: socket.socket, buffers: list, deadline: float | None = None) -> None:
     """Send every byte of ``buffers`` with as few ``sendmsg`` calls as the kernel allows."""
     views = [memoryview(b) for b in buffers]
+    flags = 0 if deadline is None else socket.MSG_DONTWAIT
     i = 0
     while i < len(views):
-        _set_timeout(sock, deadline)
         try:
-            n = sock.sendmsg(views[i : i + IOV_MAX])
-        except TimeoutError:
-            raise TransportTimeout("send timed out") from None
+            n = sock.sendmsg(views[i : i + IOV_MAX], (), flags)
+        except BlockingIOError:
+            wait_ready(sock, select.POLLOUT, deadline, "send")
+            continue
         except (BrokenPipeError, ConnectionError) as exc:
             raise PeerGone(f"peer closed the connection: {exc}") from None
+        except OSError as exc:  # EBADF and kin: the socket was closed under us
+            raise PeerGone(f"connection lost: {exc}") from None
         while n:
             if n >= len(views[i]):
                 n -= len(views[i])
@@ -68,23 +85,24 @@ class StreamReader:
         A timeout leaves the partial message in the stream; the next call resumes it.
         """
         stream = self.stream
+        flags = 0 if deadline is None else socket.MSG_DONTWAIT
         while True:
             event = stream.next_event()
             if event is not NEED_DATA:
                 return event  # type: ignore[return-value]
-            _set_timeout(self.sock, deadline)
             dst = stream.next_buffer()
             try:
                 if len(dst) >= STAGING_BYTES:
-                    n = self.sock.recv_into(dst)
+                    n = self.sock.recv_into(dst, 0, flags)
                     if n:
                         stream.advance(n)
                 else:
-                    n = self.sock.recv_into(self._staging_view)
+                    n = self.sock.recv_into(self._staging_view, 0, flags)
                     if n:
                         stream.receive_data(self._staging_view[:n])
-            except TimeoutError:
-                raise TransportTimeout("receive timed out") from None
+            except BlockingIOError:
+                wait_ready(self.sock, select.POLLIN, deadline, "receive")
+                continue
             except OSError as exc:  # reset, or the socket was shut down under us
                 raise PeerGone(f"connection lost: {exc}") from None
             if not n:

@@ -1,8 +1,11 @@
 """``tcp://host:port``: one TCP connection per client, messages back to back on it.
 
-A client opens with a ``hello`` message (its id and the codecs it decodes), the hub answers
-``welcome`` (the codecs it decodes); then both send ``data`` messages, and ``bye`` to close.
-Each connection has its own reader thread on the hub; sends use ``sendmsg`` scatter-gather.
+The session (``docs/session.md``) maps onto the connection directly: the client's first
+message is its ``hello``, the hub answers ``welcome`` (or ``refuse`` and closes); then both
+send ``data`` messages, and ``bye`` before closing. Each connection has its own reader thread
+on the hub; sends use ``sendmsg`` scatter-gather from the caller's thread. The socket stays
+blocking (see :mod:`~tensorwire.transports.stream_socket`), so a send's deadline never
+disturbs the reader.
 """
 
 from __future__ import annotations
@@ -11,20 +14,26 @@ import contextlib
 import logging
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from tensorwire.codecs import get_codec
-from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
 from tensorwire.transports.base import (
-    PROTOCOL_VERSION,
     Channel,
     Hub,
-    control_message,
     deadline_after,
     default_client_id,
-    parse_hello,
+    dial,
+    remaining,
+)
+from tensorwire.transports.session import (
+    ClientSession,
+    Closed,
+    Data,
+    HubSession,
+    Welcomed,
+    bye,
 )
 from tensorwire.transports.stream_socket import StreamReader, send_encoded
 from tensorwire.transports.url import host_port
@@ -33,10 +42,11 @@ from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
 log = logging.getLogger("tensorwire.transports.tcp")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
+BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or why not) before closing anyway
 
 
 def _tune(sock: socket.socket) -> None:
+    sock.settimeout(None)  # blocking: deadlines are per call (poll), never the socket's mode
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
@@ -45,17 +55,17 @@ def _shutdown(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+def _say(sock: socket.socket, enc: EncodedMessage) -> None:
+    """Send a control message on a connection about to close, if it can go in time."""
+    with contextlib.suppress(TransportError, OSError):
+        send_encoded(sock, enc, deadline_after(BYE_TIMEOUT))
+
+
 @dataclass(eq=False)
 class _Peer:
     client_id: str
-    reader: socket.socket
-    writer: socket.socket  # a dup, so send timeouts do not disturb the reader thread
+    sock: socket.socket
     send_lock: threading.Lock
-
-    def close(self) -> None:
-        _shutdown(self.reader)
-        self.writer.close()
-        self.reader.close()
 
 
 class TcpHub(Hub):
@@ -70,7 +80,7 @@ class TcpHub(Hub):
         self.url = f"tcp://{host}:{self._lsock.getsockname()[1]}"
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._threads: set[threading.Thread] = set()
         self._accepting = threading.Thread(
             target=self._accept_loop, name="tensorwire-tcp-accept", daemon=True
         )
@@ -89,42 +99,54 @@ class TcpHub(Hub):
                 name=f"tensorwire-tcp-{addr}",
                 daemon=True,
             )
-            self._threads.append(t)
+            with self._lock:
+                self._threads.add(t)
             t.start()
 
-    def _serve_connection(self, conn: socket.socket, addr: Any) -> None:
+    def _handshake(self, conn: socket.socket) -> tuple[HubSession, StreamReader]:
         reader = StreamReader(conn, MessageStream(limits=self.limits, codec_lookup=get_codec))
+        session = HubSession(**self._session_options())
         try:
-            cid, decoders = parse_hello(reader.read_message(deadline_after(HANDSHAKE_TIMEOUT)))
-            send_encoded(
-                conn,
-                control_message(
-                    "welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION}
-                ),
-            )
+            session.receive(reader.read_message(deadline_after(HANDSHAKE_TIMEOUT)))
+        except SessionRefused as exc:
+            _say(conn, session.refusal(exc))
+            raise
+        send_encoded(conn, session.welcome(), deadline_after(HANDSHAKE_TIMEOUT))
+        return session, reader
+
+    def _serve_connection(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            session, reader = self._handshake(conn)
         except (WireError, TransportError) as exc:
-            log.warning("tcp: refused connection from %s: %s", addr, exc)
+            self._refused(f"{addr[0]}:{addr[1]}", exc)
             _shutdown(conn)
             conn.close()
+            self._threads.discard(threading.current_thread())
             return
-        peer = _Peer(cid, conn, conn.dup(), threading.Lock())
+        hello = session.hello
+        assert hello is not None
+        cid = hello.client_id
+        peer = _Peer(cid, conn, threading.Lock())
         with self._lock:
             old = self._peers.get(cid)
             self._peers[cid] = peer
         if old is not None:
             log.info("tcp: client %r reconnected from %s; closing its old connection", cid, addr)
-            old.close()
-        self._joined(cid, decoders, session=peer)
-        reason = self._read_loop(peer, reader)
+            _shutdown(old.sock)
+        self._joined(cid, hello.decoders, session=peer, max_message_bytes=hello.max_message_bytes)
+        reason = self._read_loop(peer, reader, session)
         with self._lock:
             current = self._peers.get(cid) is peer
             if current:
                 del self._peers[cid]
-        peer.close()
+            self._threads.discard(threading.current_thread())
+        _shutdown(conn)
+        with peer.send_lock:  # a send still running on this socket finishes (with PeerGone)
+            conn.close()
         if current:
             self._left(cid, reason, session=peer)
 
-    def _read_loop(self, peer: _Peer, reader: StreamReader) -> str:
+    def _read_loop(self, peer: _Peer, reader: StreamReader, session: HubSession) -> str:
         """Deliver the peer's messages until it leaves; return why it left."""
         while True:
             try:
@@ -136,12 +158,13 @@ class TcpHub(Hub):
                 continue
             except TransportError as exc:
                 return str(exc)
-            if msg.kind == "data":
+            event = session.receive(msg)
+            if isinstance(event, Data):
                 self._delivered(peer.client_id, msg)
-            elif msg.kind == "bye":
-                return "said goodbye"
+            elif isinstance(event, Closed):
+                return event.reason
             else:
-                log.debug("tcp: ignoring %r message from %r", msg.kind, peer.client_id)
+                log.debug("tcp: %r: %s", peer.client_id, event)
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
         with self._lock:
@@ -150,9 +173,9 @@ class TcpHub(Hub):
             raise PeerGone(f"client {client_id!r} is not connected")
         with peer.send_lock:
             try:
-                send_encoded(peer.writer, enc, deadline)
+                send_encoded(peer.sock, enc, deadline)
             except TransportError:
-                _shutdown(peer.reader)  # a half-sent message leaves the stream unusable
+                _shutdown(peer.sock)  # a half-sent message leaves the stream unusable
                 raise
 
     def _close_transport(self) -> None:
@@ -161,12 +184,16 @@ class TcpHub(Hub):
         self._accepting.join(timeout=5)
         with self._lock:
             peers = list(self._peers.values())
-        bye = control_message("bye", {})
+            threads = list(self._threads)
+        goodbye = bye("the hub is closing")
         for peer in peers:
-            with peer.send_lock, contextlib.suppress(TransportError, OSError):
-                send_encoded(peer.writer, bye, deadline_after(BYE_TIMEOUT))
-            _shutdown(peer.reader)
-        for t in self._threads:
+            if peer.send_lock.acquire(timeout=BYE_TIMEOUT):
+                try:
+                    _say(peer.sock, goodbye)
+                finally:
+                    peer.send_lock.release()
+            _shutdown(peer.sock)
+        for t in threads:
             t.join(timeout=5)
 
 
@@ -193,51 +220,42 @@ class TcpChannel(Channel):
         self._closed = True
         self.reconnect(timeout)
 
+    def _open(self, deadline: float | None) -> tuple[socket.socket, StreamReader, Welcomed]:
+        sock = socket.create_connection(self._address, timeout=remaining(deadline))
+        _tune(sock)
+        session = ClientSession(
+            self.client_id,
+            decoders=self.decoders,
+            max_message_bytes=self.limits.max_message_bytes,
+            where=f"the hub at {self.url}",
+        )
+        reader = StreamReader(sock, MessageStream(limits=self.limits, codec_lookup=get_codec))
+        try:
+            send_encoded(sock, session.hello(), deadline)
+            welcome = session.receive(reader.read_message(deadline))
+        except BaseException:
+            sock.close()
+            raise
+        assert isinstance(welcome, Welcomed)
+        self._session = session
+        return sock, reader, welcome
+
     def reconnect(self, timeout: float = 30.0) -> None:
         """(Re)dial the hub and say hello with the same client id."""
         if not self._closed:
             self._drop()
-        deadline = deadline_after(timeout)
-        delay = 0.02
-        while True:
-            try:
-                sock = socket.create_connection(self._address, timeout=timeout)
-                break
-            except OSError as exc:  # hub not up yet: keep trying until the deadline
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise TransportTimeout(
-                        f"could not connect to {self.url} within {timeout} s: {exc}"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-        _tune(sock)
-        self._rsock, self._wsock = sock, sock.dup()
-        self._reader = StreamReader(
-            self._rsock, MessageStream(limits=self.limits, codec_lookup=get_codec)
-        )
+        sock, reader, welcome = dial(self._open, what=self.url, timeout=timeout)
+        self._sock, self._reader = sock, reader
+        self.hub_decoders = welcome.decoders
+        self.hub_max_bytes = welcome.max_message_bytes
         self._closed = False
-        try:
-            hello = {
-                "client_id": self.client_id,
-                "decoders": self.decoders,
-                "version": PROTOCOL_VERSION,
-            }
-            send_encoded(self._wsock, control_message("hello", hello), deadline)
-            welcome = self._reader.read_message(deadline)
-        except (WireError, TransportError):
-            self._drop()
-            raise
-        if welcome.kind != "welcome":
-            self._drop()
-            raise TransportError(f"hub at {self.url} answered {welcome.kind!r} instead of welcome")
-        self.hub_decoders = frozenset(welcome.meta.get("decoders", []))
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         if self._closed:
             raise PeerGone("channel is closed; call reconnect()")
         with self._send_lock:
             try:
-                send_encoded(self._wsock, enc, deadline)
+                send_encoded(self._sock, enc, deadline)
             except TransportError:
                 self._drop()  # a half-sent message leaves the stream unusable
                 raise
@@ -257,22 +275,22 @@ class TcpChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
-            if msg.kind == "data":
+            event = self._session.receive(msg)
+            if isinstance(event, Data):
                 return msg
-            if msg.kind == "bye":
+            if isinstance(event, Closed):
                 self._drop()
-                raise PeerGone(f"hub at {self.url} closed the session")
+                raise self._session.closed_error()
 
     def _drop(self) -> None:
         self._closed = True
-        _shutdown(self._rsock)
-        self._wsock.close()
-        self._rsock.close()
+        _shutdown(self._sock)
+        self._sock.close()
 
     def close(self) -> None:
         """Say goodbye to the hub and close the connection."""
         if self._closed:
             return
-        with self._send_lock, contextlib.suppress(TransportError, OSError):
-            send_encoded(self._wsock, control_message("bye", {}), deadline_after(BYE_TIMEOUT))
+        with self._send_lock:
+            _say(self._sock, bye())
         self._drop()

@@ -12,11 +12,11 @@ def inject_garbage(hub_url: str) -> None:
     """Join as client "intruder" through the raw transport, then send bytes that are no message."""
     import socket
 
+    from tensorwire.transports.session import ClientSession
     from tensorwire.transports.url import host_port
-    from tensorwire.wire import encode_message
 
     sock = socket.create_connection(host_port(hub_url), timeout=10)
-    hello = encode_message(None, {"client_id": "intruder", "decoders": []}, kind="hello")
+    hello = ClientSession("intruder", decoders=[], max_message_bytes=1 << 20).hello()
     sock.sendall(hello.to_bytes())
     sock.recv(4)
     sock.sendall(b"\xde\xad\xbe\xef" * 64)

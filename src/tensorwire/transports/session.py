@@ -1,0 +1,327 @@
+"""The session every transport drives: hello -> welcome -> data -> bye, as a sans-IO machine.
+
+Like ``wire`` (and h11), nothing here touches a socket, a topic or a queue: a transport hands
+each whole message it received to :meth:`HubSession.receive` / :meth:`ClientSession.receive`
+and gets back an event (:class:`Joined`, :class:`Data`, :class:`Closed` ...), and it sends the
+control messages these objects encode (:meth:`ClientSession.hello`, :meth:`HubSession.welcome`,
+:meth:`HubSession.refusal`, :func:`bye`). ``docs/session.md`` specifies the messages.
+
+What a session settles before any data flows:
+
+- the protocol version (a peer of another version gets :class:`VersionMismatch` naming both);
+- the codecs each side can decode (a sender never uses one its peer cannot decode);
+- the largest message each side accepts (a sender refuses to send a bigger one, so the error
+  is the sender's, not a silent drop at the receiver);
+- the credential check: :class:`HubSession` takes an ``authenticate`` callable that sees the
+  hello and raises :class:`~tensorwire.errors.AuthenticationError` to refuse it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorwire.errors import (
+    AuthenticationError,
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    VersionMismatch,
+)
+from tensorwire.wire import EncodedMessage, Message, encode_message
+
+PROTOCOL_VERSION = 2
+"""The session protocol this build speaks (``hello.version``). 1 was the unchecked handshake
+of tensorwire 0.1; 2 adds ``max_message_bytes``, ``session`` and the ``refuse`` answer."""
+
+CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
+"""A client id: 1 to 128 characters that are safe in topic, queue and file names."""
+
+CONTROL_KINDS = frozenset({"hello", "welcome", "refuse", "bye"})
+
+
+class State(enum.Enum):
+    AWAIT_HELLO = "await hello"  # hub: a new connection, nothing said yet
+    AWAIT_WELCOME = "await welcome"  # client: said hello
+    OPEN = "open"  # data may flow both ways
+    CLOSED = "closed"  # bye said or heard, or refused
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What a client says first: who it is and what it accepts."""
+
+    client_id: str
+    decoders: frozenset[str]
+    version: int
+    max_message_bytes: int | None
+    session: str  # a fresh id per session, so a stale bye or will cannot end a newer one
+    meta: Mapping[str, Any] = field(default_factory=dict)  # the whole hello, transport fields too
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Hub event: a client completed its hello; send :meth:`HubSession.welcome` back."""
+
+    hello: Hello
+
+    @property
+    def client_id(self) -> str:
+        return self.hello.client_id
+
+
+@dataclass(frozen=True)
+class Welcomed:
+    """Client event: the hub accepted the hello."""
+
+    decoders: frozenset[str]
+    max_message_bytes: int | None
+    meta: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Data:
+    """A data message from the peer."""
+
+    message: Message
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The peer said goodbye (or, for a client, the hub did)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A message with no effect in this state (a repeated hello or welcome, an unknown kind)."""
+
+    reason: str
+
+
+Event = Joined | Welcomed | Data | Closed | Ignored
+
+
+def _decoders(meta: Mapping[str, Any], who: str) -> frozenset[str]:
+    decoders = meta.get("decoders", [])
+    if not isinstance(decoders, list) or not all(isinstance(d, str) for d in decoders):
+        raise SessionRefused(f"{who}: 'decoders' must be a list of codec ids")
+    return frozenset(decoders)
+
+
+def _max_bytes(meta: Mapping[str, Any], who: str) -> int | None:
+    value = meta.get("max_message_bytes")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SessionRefused(f"{who}: 'max_message_bytes' must be a positive integer")
+    return value
+
+
+def _version(meta: Mapping[str, Any]) -> int:
+    value = meta.get("version", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+def parse_hello(msg: Message) -> Hello:
+    """Validate a client's hello; :class:`SessionRefused` (or its :class:`VersionMismatch`)
+    says what is wrong."""
+    if msg.kind != "hello":
+        raise SessionRefused(f"a session must open with a hello, not a {msg.kind!r} message")
+    meta = msg.meta
+    version = _version(meta)
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch(ours=PROTOCOL_VERSION, theirs=version, peer="client")
+    cid = meta.get("client_id")
+    if not isinstance(cid, str) or not CLIENT_ID.match(cid):
+        raise SessionRefused(
+            f"hello: client_id {cid!r} must be 1 to 128 letters, digits or ._:@+=-"
+        )
+    session = meta.get("session")
+    if not isinstance(session, str) or not 1 <= len(session) <= 64:
+        raise SessionRefused("hello: 'session' must be an id of 1 to 64 characters")
+    return Hello(
+        client_id=cid,
+        decoders=_decoders(meta, "hello"),
+        version=version,
+        max_message_bytes=_max_bytes(meta, "hello"),
+        session=session,
+        meta=dict(meta),
+    )
+
+
+def bye(reason: str = "") -> EncodedMessage:
+    """The goodbye either side sends before it closes."""
+    return encode_message(None, {"reason": reason} if reason else {}, kind="bye")
+
+
+class HubSession:
+    """The hub's side of one client's session.
+
+    ``authenticate(hello)`` (optional) raises :class:`AuthenticationError` to refuse a client;
+    ``welcome_meta`` adds transport fields to the welcome (a UDP mode, say).
+    """
+
+    def __init__(
+        self,
+        *,
+        decoders: list[str],
+        max_message_bytes: int,
+        authenticate: Callable[[Hello], None] | None = None,
+        welcome_meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.state = State.AWAIT_HELLO
+        self.hello: Hello | None = None
+        self._decoders = list(decoders)
+        self._max_message_bytes = max_message_bytes
+        self._authenticate = authenticate
+        self._welcome_meta = dict(welcome_meta or {})
+
+    @property
+    def client_id(self) -> str | None:
+        return None if self.hello is None else self.hello.client_id
+
+    def receive(self, msg: Message) -> Event:
+        """Act on one message from the client.
+
+        Raises :class:`SessionRefused` (send :meth:`refusal` of it, then close) when the hello
+        is malformed, of another version or not authenticated; after that, every message is
+        an event and nothing raises.
+        """
+        if self.state is State.AWAIT_HELLO:
+            try:
+                hello = parse_hello(msg)
+                if self._authenticate is not None:
+                    self._authenticate(hello)
+            except SessionRefused:
+                self.state = State.CLOSED
+                raise
+            self.hello = hello
+            self.state = State.OPEN
+            return Joined(hello)
+        if self.state is State.CLOSED:
+            return Ignored("session is closed")
+        if msg.kind == "data":
+            return Data(msg)
+        if msg.kind == "bye":
+            self.state = State.CLOSED
+            reason = msg.meta.get("reason")
+            return Closed(f"said goodbye ({reason})" if reason else "said goodbye")
+        if msg.kind == "hello":
+            return Ignored("repeated hello")  # a client that missed the welcome asks again
+        return Ignored(f"unexpected {msg.kind!r} message")
+
+    def welcome(self) -> EncodedMessage:
+        """The answer to the hello that :meth:`receive` turned into :class:`Joined`."""
+        meta = {
+            **self._welcome_meta,
+            "version": PROTOCOL_VERSION,
+            "decoders": self._decoders,
+            "max_message_bytes": self._max_message_bytes,
+        }
+        if self.hello is not None:
+            meta["session"] = self.hello.session
+        return encode_message(None, meta, kind="welcome")
+
+    @staticmethod
+    def refusal(exc: SessionRefused) -> EncodedMessage:
+        """The answer to a refused hello: its reason, the kind of refusal and our version."""
+        meta = {"reason": str(exc), "code": exc.code, "version": PROTOCOL_VERSION}
+        return encode_message(None, meta, kind="refuse")
+
+
+class ClientSession:
+    """The client's side of its session with a hub: say :meth:`hello`, feed what comes back."""
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        decoders: list[str],
+        max_message_bytes: int,
+        hello_meta: Mapping[str, Any] | None = None,
+        where: str = "the hub",
+    ) -> None:
+        if not CLIENT_ID.match(client_id):
+            raise ValueError(f"client_id {client_id!r} must be 1 to 128 letters, digits or ._:@+=-")
+        self.client_id = client_id
+        self.session = uuid.uuid4().hex
+        self.state = State.AWAIT_HELLO
+        self.welcome: Welcomed | None = None
+        self._decoders = list(decoders)
+        self._max_message_bytes = max_message_bytes
+        self._hello_meta = dict(hello_meta or {})
+        self._where = where
+
+    def hello(self) -> EncodedMessage:
+        """The opening message; may be sent again while no welcome has come."""
+        if self.state is State.AWAIT_HELLO:
+            self.state = State.AWAIT_WELCOME
+        meta = {
+            **self._hello_meta,
+            "client_id": self.client_id,
+            "version": PROTOCOL_VERSION,
+            "decoders": self._decoders,
+            "max_message_bytes": self._max_message_bytes,
+            "session": self.session,
+        }
+        return encode_message(None, meta, kind="hello")
+
+    def receive(self, msg: Message) -> Event:
+        """Act on one message from the hub.
+
+        Before the welcome: raises :class:`VersionMismatch`, :class:`AuthenticationError` or
+        :class:`SessionRefused` when the hub refuses, ``TransportError`` when it answers
+        something else. Once open: data is :class:`Data`, the hub's bye :class:`Closed`.
+        """
+        if self.state is State.AWAIT_WELCOME:
+            if msg.kind == "refuse":
+                self.state = State.CLOSED
+                raise _refusal_error(msg.meta, self._where)
+            if msg.kind != "welcome":
+                raise TransportError(
+                    f"{self._where} answered {msg.kind!r} instead of welcome; is it a "
+                    "tensorwire hub?"
+                )
+            version = _version(msg.meta)
+            if version != PROTOCOL_VERSION:
+                self.state = State.CLOSED
+                raise VersionMismatch(ours=PROTOCOL_VERSION, theirs=version, peer=self._where)
+            session = msg.meta.get("session")
+            if session is not None and session != self.session:
+                return Ignored("a welcome for an earlier session")
+            self.welcome = Welcomed(
+                decoders=_decoders(msg.meta, "welcome"),
+                max_message_bytes=_max_bytes(msg.meta, "welcome"),
+                meta=dict(msg.meta),
+            )
+            self.state = State.OPEN
+            return self.welcome
+        if self.state is State.CLOSED:
+            return Ignored("session is closed")
+        if self.state is State.AWAIT_HELLO:
+            raise TransportError("say hello before receiving")
+        if msg.kind == "data":
+            return Data(msg)
+        if msg.kind == "bye":
+            self.state = State.CLOSED
+            return Closed(f"{self._where} closed the session")
+        return Ignored(f"unexpected {msg.kind!r} message")
+
+    def closed_error(self) -> PeerGone:
+        return PeerGone(f"{self._where} closed the session; call reconnect()")
+
+
+def _refusal_error(meta: Mapping[str, Any], where: str) -> SessionRefused:
+    reason = str(meta.get("reason", "no reason given"))
+    code = meta.get("code")
+    if code == "version":
+        return VersionMismatch(ours=PROTOCOL_VERSION, theirs=_version(meta), peer=where)
+    if code == "auth":
+        return AuthenticationError(f"{where} refused this client: {reason}")
+    return SessionRefused(f"{where} refused the session: {reason}")
