@@ -32,7 +32,7 @@ from tensorwire.errors import (
     TransportError,
     VersionMismatch,
 )
-from tensorwire.wire import EncodedMessage, Message, encode_message
+from tensorwire.wire import EncodedMessage, Limits, Message, encode_message
 
 PROTOCOL_VERSION = 2
 """The session protocol this build speaks (``hello.version``). 1 was the unchecked handshake
@@ -42,6 +42,10 @@ CLIENT_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
 """A client id: 1 to 128 characters that are safe in topic, queue and file names."""
 
 CONTROL_KINDS = frozenset({"hello", "welcome", "refuse", "bye"})
+
+HELLO_LIMITS = Limits(max_header_bytes=64 << 10, max_message_bytes=64 << 10, max_tensors=1)
+"""What a hub reads from a peer that has not said hello yet: a stranger's first message can
+make it allocate at most 64 KiB, whatever its prefix declares."""
 
 
 class State(enum.Enum):
@@ -257,15 +261,17 @@ class ClientSession:
         self._max_message_bytes = max_message_bytes
         self._hello_meta = dict(hello_meta or {})
         self._where = where
+        self._version = PROTOCOL_VERSION  # the version the hello said
 
     def hello(self) -> EncodedMessage:
         """The opening message; may be sent again while no welcome has come."""
         if self.state is State.AWAIT_HELLO:
             self.state = State.AWAIT_WELCOME
+        self._version = PROTOCOL_VERSION
         meta = {
             **self._hello_meta,
             "client_id": self.client_id,
-            "version": PROTOCOL_VERSION,
+            "version": self._version,
             "decoders": self._decoders,
             "max_message_bytes": self._max_message_bytes,
             "session": self.session,
@@ -282,16 +288,16 @@ class ClientSession:
         if self.state is State.AWAIT_WELCOME:
             if msg.kind == "refuse":
                 self.state = State.CLOSED
-                raise _refusal_error(msg.meta, self._where)
+                raise _refusal_error(msg.meta, self._where, self._version)
             if msg.kind != "welcome":
                 raise TransportError(
                     f"{self._where} answered {msg.kind!r} instead of welcome; is it a "
                     "tensorwire hub?"
                 )
             version = _version(msg.meta)
-            if version != PROTOCOL_VERSION:
+            if version != self._version:
                 self.state = State.CLOSED
-                raise VersionMismatch(ours=PROTOCOL_VERSION, theirs=version, peer=self._where)
+                raise VersionMismatch(ours=self._version, theirs=version, peer=self._where)
             session = msg.meta.get("session")
             if session is not None and session != self.session:
                 return Ignored("a welcome for an earlier session")
@@ -317,11 +323,11 @@ class ClientSession:
         return PeerGone(f"{self._where} closed the session; call reconnect()")
 
 
-def _refusal_error(meta: Mapping[str, Any], where: str) -> SessionRefused:
+def _refusal_error(meta: Mapping[str, Any], where: str, ours: int) -> SessionRefused:
     reason = str(meta.get("reason", "no reason given"))
     code = meta.get("code")
     if code == "version":
-        return VersionMismatch(ours=PROTOCOL_VERSION, theirs=_version(meta), peer=where)
+        return VersionMismatch(ours=ours, theirs=_version(meta), peer=where)
     if code == "auth":
         return AuthenticationError(f"{where} refused this client: {reason}")
     return SessionRefused(f"{where} refused the session: {reason}")

@@ -28,6 +28,7 @@ from tensorwire.transports.base import (
     remaining,
 )
 from tensorwire.transports.session import (
+    HELLO_LIMITS,
     ClientSession,
     Closed,
     Data,
@@ -42,6 +43,7 @@ from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
 log = logging.getLogger("tensorwire.transports.tcp")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
+MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or why not) before closing anyway
 
 
@@ -92,6 +94,12 @@ class TcpHub(Hub):
                 conn, addr = self._lsock.accept()
             except OSError:
                 return  # listening socket shut down by close()
+            with self._lock:
+                crowded = len(self._threads) - len(self._peers) >= MAX_HANDSHAKES
+            if crowded:  # a flood of silent connections must not cost a thread each
+                self._refused(f"{addr[0]}:{addr[1]}", TransportError("too many handshakes"))
+                conn.close()
+                continue
             _tune(conn)
             t = threading.Thread(
                 target=self._serve_connection,
@@ -104,13 +112,14 @@ class TcpHub(Hub):
             t.start()
 
     def _handshake(self, conn: socket.socket) -> tuple[HubSession, StreamReader]:
-        reader = StreamReader(conn, MessageStream(limits=self.limits, codec_lookup=get_codec))
+        reader = StreamReader(conn, MessageStream(limits=HELLO_LIMITS, codec_lookup=get_codec))
         session = HubSession(**self._session_options())
         try:
             session.receive(reader.read_message(deadline_after(HANDSHAKE_TIMEOUT)))
         except SessionRefused as exc:
             _say(conn, session.refusal(exc))
             raise
+        reader.stream.limits = self.limits  # a member: its messages may be as large as ours
         send_encoded(conn, session.welcome(), deadline_after(HANDSHAKE_TIMEOUT))
         return session, reader
 
@@ -121,7 +130,8 @@ class TcpHub(Hub):
             self._refused(f"{addr[0]}:{addr[1]}", exc)
             _shutdown(conn)
             conn.close()
-            self._threads.discard(threading.current_thread())
+            with self._lock:
+                self._threads.discard(threading.current_thread())
             return
         hello = session.hello
         assert hello is not None
