@@ -86,6 +86,7 @@ def run_server(
                     "delta": payload is not global_state,
                 },
                 clients=devices,
+                timeout=cfg.round_timeout,
             )
             updates = _gather_updates(hub, devices, cfg, r, departures)
             local_states = [
@@ -101,7 +102,7 @@ def run_server(
             result.transfers += transfer_rows(r, "server", round_records)
             if on_round:
                 on_round(row)
-        hub.broadcast(None, meta={"done": True}, clients=devices)
+        hub.broadcast(None, meta={"done": True}, clients=devices, timeout=60)
         result.transfers += _collect_device_records(hub, devices)
     return result
 
