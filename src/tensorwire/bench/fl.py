@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from tensorwire.bench.fl_matrix import PROTOCOL_SCHEMES, Experiment, Matrix
+from tensorwire.bench.fl_matrix import Experiment, Matrix
 from tensorwire.errors import MissingDependency, TensorwireError
 from tensorwire.testbed import (
     Counters,
@@ -46,18 +45,18 @@ from tensorwire.testbed import (
     probe_capabilities,
 )
 from tensorwire.testbed.base import BaseTestbed, stop_all
+from tensorwire.transports.registry import bench_protocols
 
 SERVER_PORT = 5555  # the FL server's port in the server namespace (a fresh one: always free)
-MQTT_PORT = 1883
-AMQP_PORT = 5672
 JOIN_TIMEOUT = 180.0  # seconds the server waits for every device (2 s of torch import each)
 ROUND_TIMEOUT = 600.0  # seconds the server waits for a round's updates
 ACK_TIMEOUT = 5.0  # seconds the server waits, after a round, for the counters to be read
 DEVICE_EXIT_GRACE = 30.0  # seconds the server gets to notice a failed device and end
 POLL = 0.01  # seconds between looks at the processes and the progress file
-# udp paces datagram payloads; a 1472-byte payload is a 1514-byte frame (97 %), and tbf
-# counts frames: pacing at 95 % of the link rate keeps its queue from overflowing.
-UDP_PACE = 0.95
+# A paced transport (udp) paces its payloads; a 1472-byte UDP payload is a 1514-byte frame
+# (97 %), and tbf counts frames: pacing at 95 % of the link rate keeps its queue from
+# overflowing.
+PACE = 0.95
 DONE = "done"
 FAILED = "failed"
 
@@ -86,29 +85,18 @@ class RunSummary:
 
 def protocol_problem(protocol: str) -> str | None:
     """Why ``protocol`` cannot run on this machine (a missing extra or broker), or None."""
-    from tensorwire.transports import KNOWN_TRANSPORTS
-
-    if protocol == "shm":
-        return "shm:// is same-host shared memory: it never crosses the testbed's links"
-    scheme = PROTOCOL_SCHEMES[protocol]
-    entry = KNOWN_TRANSPORTS.get(scheme)
+    entry = bench_protocols().get(protocol)
     if entry is None:
-        return f"{scheme}:// is not registered"
+        return f"{protocol} is not a registered transport"
+    if entry.same_host_only:
+        return f"{entry.scheme}:// is same-host only: it never crosses the testbed's links"
+    broker = entry.broker_kind()
     try:
-        importlib.import_module(str(entry["hub"]).rpartition(".")[0])
-        if protocol == "mqtt":
-            from tensorwire.transports.brokers.mosquitto import find_mosquitto
-
-            find_mosquitto()
-        elif protocol == "amqp":
-            from tensorwire.transports.brokers.rabbitmq import find_rabbitmq
-
-            find_rabbitmq()
+        entry.load("hub")
+        if broker is not None:
+            broker.load("find")()
     except MissingDependency as exc:
         return str(exc)
-    except ImportError as exc:
-        hint = f"pip install 'tensorwire[{entry['extra']}]'" if entry["extra"] else "reinstall"
-        return f"{scheme}:// needs {exc.name or exc}: {hint}"
     return None
 
 
@@ -171,38 +159,38 @@ class Endpoints:
 
 @contextlib.contextmanager
 def endpoints(testbed: BaseTestbed, exp: Experiment) -> Iterator[Endpoints]:
-    """The URLs of ``exp``'s server and devices; for mqtt / amqp a private broker runs inside
-    the server node for the duration, bound to the server's address."""
+    """The URLs of ``exp``'s server and devices; for a transport with a broker (mqtt, amqp) a
+    private one runs inside the server node for the duration, bound to the server's address.
+    The URLs carry the query the transport's registry entry gives the protocol, and a pace
+    for a transport that takes one."""
+    entry = bench_protocols()[exp.protocol]
+    params = [q] if (q := entry.protocol_query(exp.protocol)) else []
+    rate = exp.link_profile().rate if testbed.shaped else None
+    if entry.paced and rate:
+        params.append(f"rate={int(rate * PACE)}")
     address = testbed.server_address
-    tag = f"tw-{exp.key[:40]}-{os.getpid()}"
-    prefix = testbed.command("srv", [])
-    if exp.protocol == "mqtt":
-        from tensorwire.transports.brokers.mosquitto import MosquittoBroker
-
-        port = MQTT_PORT if testbed.shaped else 0
-        with MosquittoBroker(port, bind=address, command_prefix=prefix) as broker:
-            url = broker.url(tag)
-            yield Endpoints(url, url, {"kind": "mosquitto", "url": url, "pid": broker.pid})
+    broker_kind = entry.broker_kind()
+    if broker_kind is not None:
+        tag = f"tw-{exp.key[:40]}-{os.getpid()}"
+        prefix = testbed.command("srv", [])
+        port = broker_kind.port if testbed.shaped else 0
+        server_class = broker_kind.load("server")
+        with server_class(port, bind=address, command_prefix=prefix) as broker:
+            url = _with_query(broker.url(tag), params)
+            facts = {a: getattr(broker, a) for a in ("pid", "node") if hasattr(broker, a)}
+            yield Endpoints(url, url, {"kind": broker_kind.name, "url": url, **facts})
         return
-    if exp.protocol == "amqp":
-        from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker
-
-        port = AMQP_PORT if testbed.shaped else 0
-        with RabbitMQBroker(port, bind=address, command_prefix=prefix) as broker:
-            url = broker.url(prefix=tag)
-            yield Endpoints(url, url, {"kind": "rabbitmq", "url": url, "node": broker.node})
-        return
-    scheme = PROTOCOL_SCHEMES[exp.protocol]
     port = SERVER_PORT if testbed.shaped else _free_port()
     listen = "0.0.0.0" if testbed.shaped else address
-    server, device = f"{scheme}://{listen}:{port}", f"{scheme}://{address}:{port}"
-    if scheme == "udp":
-        mode = "best-effort" if exp.protocol == "udp-best-effort" else "reliable"
-        rate = exp.link_profile().rate if testbed.shaped else None
-        pace = f"&rate={int(rate * UDP_PACE)}" if rate else ""
-        server += f"?mode={mode}{pace}"
-        device += f"?mode={mode}{pace}"
+    server = _with_query(f"{entry.scheme}://{listen}:{port}", params)
+    device = _with_query(f"{entry.scheme}://{address}:{port}", params)
     yield Endpoints(server, device)
+
+
+def _with_query(url: str, params: list[str]) -> str:
+    if not params:
+        return url
+    return url + ("&" if "?" in url else "?") + "&".join(params)
 
 
 def _python_tensorwire(*args: str) -> list[str]:

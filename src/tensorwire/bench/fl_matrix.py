@@ -14,20 +14,10 @@ import re
 from typing import Any
 
 from tensorwire.testbed.profile import LinkProfile, as_profile
+from tensorwire.transports.registry import bench_protocols, find_transport, transports
 
 STRESSES = ("none", "cpu", "network")
 RATIO_CODECS = ("topk", "randomk", "dgc")  # the uplink codecs that keep a fraction
-# Protocol -> URL scheme; udp also runs in best-effort mode under its own name.
-PROTOCOL_SCHEMES = {
-    "tcp": "tcp",
-    "zmq": "zmq+tcp",
-    "udp": "udp",
-    "udp-best-effort": "udp",
-    "mqtt": "mqtt",
-    "amqp": "amqp",
-    "flight": "flight",
-    "shm": "shm",
-}
 
 
 def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
@@ -39,14 +29,25 @@ def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
 
 def registered_protocols() -> list[str]:
     """Every registered transport, by the name ``--protocols`` takes (``zmq`` for zmq+tcp)."""
-    from tensorwire.transports import KNOWN_TRANSPORTS
+    return [entry.name for entry in transports()]
 
-    return [scheme.split("+")[0] for scheme in KNOWN_TRANSPORTS]
+
+def protocol_schemes() -> dict[str, str]:
+    """Every name a protocol can have here -> its URL scheme: each transport's name and its
+    variants (udp also runs in best-effort mode, as ``udp-best-effort``)."""
+    return {protocol: entry.scheme for protocol, entry in bench_protocols().items()}
+
+
+def protocol_name(text: str) -> str:
+    """The protocol name for a transport's name or URL scheme (``zmq+tcp`` -> ``zmq``); other
+    text as it is."""
+    entry = find_transport(text)
+    return entry.name if entry is not None and text == entry.scheme else text
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """One FedAvg run: ``protocol`` (a name of :data:`PROTOCOL_SCHEMES`), ``model``, link
+    """One FedAvg run: ``protocol`` (a name of :func:`protocol_schemes`), ``model``, link
     ``profile`` (a name or profile string) with packet ``loss`` (a fraction), ``stress``
     (none, cpu, network), ``uplink`` compressor keeping ``ratio``, ``downlink`` mode, and
     the run's size (``epochs`` local epochs per round)."""
@@ -68,10 +69,8 @@ class Experiment:
     def __post_init__(self) -> None:
         from tensorwire.fl.config import FLConfig  # tensorwire.fl imports torch
 
-        if self.protocol not in PROTOCOL_SCHEMES:
-            raise ValueError(
-                f"protocol {self.protocol!r}: choose among {', '.join(PROTOCOL_SCHEMES)}"
-            )
+        if self.protocol not in (schemes := protocol_schemes()):
+            raise ValueError(f"protocol {self.protocol!r}: choose among {', '.join(schemes)}")
         if self.stress not in STRESSES:
             raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
         # the run's own settings are checked where the run checks them

@@ -32,20 +32,23 @@ import tensorwire
 from tensorwire.bench import baselines
 from tensorwire.bench.progress import progress_bar
 from tensorwire.transports.local import local_hub_url
+from tensorwire.transports.registry import get_transport
 
 GSOC_DTYPES = ("float16", "float32", "float64")
 GSOC_SHAPES = ((100, 100), (200, 200), (500, 500), (1000, 1000), (3000, 3000))
 _ACK_TIMEOUT = 300.0
 
-# The library each transport wraps, as a baseline module in tensorwire.bench.baselines.
-WRAPPED_LIBRARY = {
-    "tcp": "socket",
-    "zmq": "pyzmq",
-    "mqtt": "paho",
-    "amqp": "pika",
-    "flight": "arrow_flight",
-    "shm": "shm_memcpy",
-}
+
+def wrapped_library(transport: str) -> str | None:
+    """The baseline module (in ``tensorwire.bench.baselines``) that uses the library
+    ``transport`` wraps directly, from its registry entry; None if it has none."""
+    return get_transport(transport).baseline
+
+
+def wrapped_libraries(transports: Iterable[str]) -> list[str]:
+    """The baseline modules of ``transports``, each once, in their order."""
+    found = (wrapped_library(t) for t in transports)
+    return list(dict.fromkeys(b for b in found if b is not None))
 
 
 @dataclass
@@ -116,12 +119,10 @@ class TransferRig:
             hub.recv(timeout=_ACK_TIMEOUT)
             return time.perf_counter() - t
 
-        library = WRAPPED_LIBRARY.get(transport)
+        entry = get_transport(transport)
         names = {t.name for t in self.trials}
-        base = baselines.load(library).NAME if library else None
-        self.trials.append(
-            TransferTrial(f"tensorwire-{transport}", once, base if base in names else None)
-        )
+        base = baselines.load(entry.baseline).NAME if entry.baseline else None
+        self.trials.append(TransferTrial(entry.label, once, base if base in names else None))
 
     def close(self) -> None:
         self._stack.close()

@@ -1,75 +1,35 @@
 """Transports, chosen by URL scheme; each one is imported on first use.
 
-Like fsspec's registry: a scheme maps to the dotted paths of its hub and channel classes,
-and the extra to install when the import fails.
+Like fsspec's registry: :mod:`tensorwire.transports.registry` maps a scheme to the dotted
+paths of its hub and channel classes, the extra to install when their import fails, and
+what the benchmarks and the CLI need to know of it. ``KNOWN_TRANSPORTS`` is that registry
+seen as the scheme -> ``{"hub", "channel", "extra"}`` dict of earlier versions.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from tensorwire.errors import MissingDependency, UnknownScheme
 from tensorwire.transports.base import Channel, Hub, TransferRecord
-
-KNOWN_TRANSPORTS: dict[str, dict[str, str | None]] = {
-    "tcp": {
-        "hub": "tensorwire.transports.tcp.TcpHub",
-        "channel": "tensorwire.transports.tcp.TcpChannel",
-        "extra": None,
-    },
-    "zmq+tcp": {
-        "hub": "tensorwire.transports.zmq.ZmqHub",
-        "channel": "tensorwire.transports.zmq.ZmqChannel",
-        "extra": "zmq",
-    },
-    "udp": {
-        "hub": "tensorwire.transports.udp.UdpHub",
-        "channel": "tensorwire.transports.udp.UdpChannel",
-        "extra": None,
-    },
-    "shm": {
-        "hub": "tensorwire.transports.shm.ShmHub",
-        "channel": "tensorwire.transports.shm.ShmChannel",
-        "extra": None,
-    },
-    "amqp": {
-        "hub": "tensorwire.transports.amqp.AmqpHub",
-        "channel": "tensorwire.transports.amqp.AmqpChannel",
-        "extra": "amqp",
-    },
-    "mqtt": {
-        "hub": "tensorwire.transports.mqtt.MqttHub",
-        "channel": "tensorwire.transports.mqtt.MqttChannel",
-        "extra": "mqtt",
-    },
-    "flight": {
-        "hub": "tensorwire.transports.flight.FlightHub",
-        "channel": "tensorwire.transports.flight.FlightChannel",
-        "extra": "flight",
-    },
-}
-
-
-def register_transport(scheme: str, hub: str, channel: str, extra: str | None = None) -> None:
-    """Make ``scheme://`` URLs use the hub and channel classes at these dotted paths."""
-    KNOWN_TRANSPORTS[scheme] = {"hub": hub, "channel": channel, "extra": extra}
+from tensorwire.transports.registry import (
+    KNOWN_TRANSPORTS,
+    BrokerKind,
+    TransportEntry,
+    by_scheme,
+    get_transport,
+    register_transport,
+    transports,
+    unknown_scheme,
+    unregister_transport,
+)
 
 
 def _load(url: str, role: str) -> Any:
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    entry = KNOWN_TRANSPORTS.get(scheme)
+    entry = by_scheme(scheme)
     if entry is None:
-        known = ", ".join(f"{s}://" for s in KNOWN_TRANSPORTS)
-        raise UnknownScheme(f"no transport for {url!r}; known schemes: {known}")
-    module_name, _, cls_name = str(entry[role]).rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        extra = entry["extra"]
-        hint = f"pip install 'tensorwire[{extra}]'" if extra else "reinstall tensorwire"
-        raise MissingDependency(f"{scheme}:// needs {exc.name or exc}: {hint}") from exc
-    return getattr(module, cls_name)
+        raise unknown_scheme(url)
+    return entry.load("hub" if role == "hub" else "channel")
 
 
 def serve(url: str, **options: Any) -> Hub:
@@ -84,10 +44,15 @@ def connect(url: str, **options: Any) -> Channel:
 
 __all__ = [
     "KNOWN_TRANSPORTS",
+    "BrokerKind",
     "Channel",
     "Hub",
     "TransferRecord",
+    "TransportEntry",
     "connect",
+    "get_transport",
     "register_transport",
     "serve",
+    "transports",
+    "unregister_transport",
 ]

@@ -2,8 +2,9 @@
 
 A broker started behind a ``command_prefix`` (``ip netns exec NS``, ``nsenter ...``) listens
 where this process cannot connect, so the probe then runs as a helper behind the same prefix:
-it calls :func:`main` with ``mqtt|amqp TARGET SECONDS`` and polls from inside until the
-broker answers (exit 0) or the time is up (exit 1).
+it calls :func:`main` with ``KIND TARGET SECONDS`` (``mqtt HOST:PORT 10``, say) and polls from
+inside until the broker answers (exit 0) or the time is up (exit 1). Which probe a kind uses
+is the broker's entry in :mod:`tensorwire.transports.registry`.
 """
 
 from __future__ import annotations
@@ -18,18 +19,12 @@ POLL = 0.05  # seconds between probes, and between looks at the broker and the h
 
 
 def answers(kind: str, target: str, timeout: float = 1.0) -> bool:
-    """Whether the broker at ``target`` answers: ``host:port`` for ``mqtt``, the URL for
-    ``amqp``."""
-    if kind == "mqtt":
-        from tensorwire.transports.brokers.mosquitto import mosquitto_answers
+    """Whether the broker at ``target`` answers. ``kind`` names the broker (``mosquitto``) or
+    a transport that uses one (``mqtt``); ``target`` is what its registry entry's probe takes:
+    ``host:port`` for Mosquitto, the URL for RabbitMQ."""
+    from tensorwire.transports.registry import get_broker
 
-        host, _, port = target.rpartition(":")
-        return mosquitto_answers(host, int(port), timeout=timeout)
-    if kind == "amqp":
-        from tensorwire.transports.brokers.rabbitmq import rabbitmq_answers
-
-        return rabbitmq_answers(target, timeout=timeout)
-    raise ValueError(f"kind must be mqtt or amqp, not {kind!r}")
+    return get_broker(kind).answers_at(target, timeout=timeout)
 
 
 def wait_answering(
