@@ -179,7 +179,7 @@ def test_max_pending_evicts_the_oldest() -> None:
     assert r.missing(2) == [] and r.missing(1) != [] and r.missing(3) != []
     (evicted,) = r.expire(now=4.0)
     assert evicted.message_id == 2
-    assert evicted.missing[0] == (500, 500)
+    assert evicted.missing == [(500, len(DATA) - 500)]  # one range per gap, not per chunk
 
 
 def test_a_bad_first_chunk_neither_registers_nor_evicts() -> None:

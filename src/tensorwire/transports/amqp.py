@@ -367,7 +367,7 @@ class _Assembler:
         key = (source, head.message_id)
         data = self._chunks.feed(body, now, source)
         if data is None:
-            if self._chunks.missing(head.message_id, source):  # pending, not a late duplicate
+            if self._chunks.is_pending(head.message_id, source):  # not a late duplicate
                 self._first.setdefault(key, now)
             return None
         return data, self._first.pop(key, now)
@@ -382,8 +382,8 @@ class _Assembler:
                 (
                     partial.source,
                     ChunkError(
-                        f"message {partial.message_id:#x} dropped: {lost} of {len(partial.data)} "
-                        f"bytes never arrived within {REASSEMBLY_TIMEOUT} s"
+                        f"message {partial.message_id:#x} dropped: {lost} of "
+                        f"{partial.total_length} bytes never arrived within {REASSEMBLY_TIMEOUT} s"
                     ),
                 )
             )

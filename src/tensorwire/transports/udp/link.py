@@ -5,7 +5,7 @@ Sending: a message is encoded once and cut into chunks (``iter_chunks``), one da
 paced by the link's token bucket; then a ``sent`` control message says the sender is done.
 
 - ``reliable``: the receiver answers ``sent`` with ``nack`` (the missing chunk indices as
-  ranges, from ``ChunkReassembler.missing``, and the rate it received at) or, once it has
+  ranges, from ``ChunkReassembler.missing_ranges``, and the rate it received at) or, once it has
   every chunk, ``ack``. The sender resends what a NACK lists and says ``sent`` again, until
   the ack. Both go over TCP, so no timer is needed to detect a lost NACK; the only waits
   are the caller's deadline and a bound on an unanswered peer.
@@ -188,17 +188,6 @@ class _Outgoing:
                     )
                 self._cond.wait(left)
             return self._feedback.popleft()
-
-
-def _ranges_of(indices: list[int]) -> np.ndarray:
-    """Sorted chunk indices -> (k, 2) array of [start, stop) runs."""
-    idx = np.asarray(indices, np.int64)
-    if not len(idx):
-        return np.zeros((0, 2), np.int64)
-    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
-    starts = idx[np.r_[0, breaks]]
-    stops = idx[np.r_[breaks - 1, len(idx) - 1]] + 1
-    return np.stack([starts, stops], axis=1)
 
 
 def _int_field(msg: Message, name: str, low: int, high: int) -> int:
@@ -385,7 +374,8 @@ class Link:
         if inc is None:  # not one datagram arrived: ask for all of them
             ranges, rate = np.array([[0, count]], np.int64), None
         else:
-            ranges = _ranges_of(inc.reassembler.missing(mid))[:MAX_NACK_RANGES]
+            missing = inc.reassembler.missing_ranges(mid, limit=MAX_NACK_RANGES)
+            ranges = np.array(missing, np.int64).reshape(-1, 2)
             rate = inc.take_round_rate()
         meta: dict[str, Any] = {"id": mid}
         if rate is not None:
