@@ -12,15 +12,18 @@ from typing import Any
 
 from tensorwire.codecs import get_codec, resolve_codecs
 from tensorwire.errors import (
+    AuthenticationError,
     GatherTimeout,
     MissingDependency,
     PeerGone,
     TensorwireError,
     TransportError,
     TransportTimeout,
+    VersionMismatch,
     WireError,
 )
 from tensorwire.transports import Channel, Hub, TransferRecord, connect, serve
+from tensorwire.transports.security import TLS, Keys
 from tensorwire.wire import EncodedMessage, Limits, Message, decode_message, encode_message
 
 try:
@@ -60,10 +63,13 @@ def decode(
 
 
 __all__ = [
+    "TLS",
+    "AuthenticationError",
     "Channel",
     "EncodedMessage",
     "GatherTimeout",
     "Hub",
+    "Keys",
     "Limits",
     "Message",
     "MissingDependency",
@@ -72,6 +78,7 @@ __all__ = [
     "TransferRecord",
     "TransportError",
     "TransportTimeout",
+    "VersionMismatch",
     "WireError",
     "__version__",
     "connect",

@@ -30,8 +30,9 @@ from tensorwire.errors import (
     TransportError,
     TransportTimeout,
 )
+from tensorwire.transports.security import TLS, KeyAuthenticator, Keys, load_secret
 from tensorwire.transports.session import PROTOCOL_VERSION as PROTOCOL_VERSION
-from tensorwire.transports.session import Hello
+from tensorwire.transports.session import Authenticate, ClientSession
 from tensorwire.wire import (
     CodecSelector,
     EncodedMessage,
@@ -404,13 +405,20 @@ class Hub(_Endpoint):
         on_join: Callable[[str], None] | None = None,
         on_leave: Callable[[str, str], None] | None = None,
         on_event: Callable[[MembershipEvent], None] | None = None,
-        authenticate: Callable[[Hello], None] | None = None,
+        tls: TLS | None = None,
+        auth: Keys | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        authenticate: Authenticate | None = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.on_join = on_join
         self.on_leave = on_leave
         self.on_event = on_event
+        self.tls = tls
+        keys = auth if auth is None or isinstance(auth, Keys) else _keys(auth)
+        if authenticate is None and (keys is not None or (tls is not None and tls.mutual)):
+            authenticate = KeyAuthenticator(keys)
         self.authenticate = authenticate
+        self._open_door_said = False
         self.errors = ErrorLog()
         self.events: deque[MembershipEvent] = deque(maxlen=MAX_EVENTS)
         self._cond = threading.Condition()
@@ -460,6 +468,16 @@ class Hub(_Endpoint):
             self._members[client_id] = _Member(decoders, max_message_bytes, session)
             self._cond.notify_all()
         log.info("%s: client %r joined", self.protocol, client_id)
+        if self.authenticate is None and not self._open_door_said:
+            self._open_door_said = True
+            log.warning(
+                "%s: the hub at %s accepts ANYONE who can reach it (%r joined with no "
+                "credential): serve(..., auth=tensorwire.Keys.load(DIR)) and tls=tensorwire.TLS("
+                "...) to admit only enrolled devices (tensorwire certs makes the files)",
+                self.protocol,
+                getattr(self, "url", "?"),
+                client_id,
+            )
         self._event("replaced" if replaced else "joined", client_id, "said hello")
         if self.on_join:
             self.on_join(client_id)
@@ -479,7 +497,12 @@ class Hub(_Endpoint):
 
     def _refused(self, who: str, exc: Exception) -> None:
         """A session was refused (bad hello, version, credential): logged, rate-limited."""
-        _log_limited(f"refused {who}", f"{self.protocol}: refused a session from {who}: {exc}")
+        # one key per kind of refusal and host (not port): a flood of connections logs once
+        host = who.rsplit(":", 1)[0]
+        _log_limited(
+            f"refused {type(exc).__name__} {host}",
+            f"{self.protocol}: refused a session from {who}: {exc}",
+        )
         self._event("refused", None, f"{who}: {exc}")
 
     def _delivered(self, client_id: str, msg: Message) -> None:
@@ -702,6 +725,24 @@ class Channel(_Endpoint):
     client_id: str
     hub_decoders: frozenset[str]
     hub_max_bytes: int | None = None  # the largest message the hub accepts (its welcome)
+    tls: TLS | None = None
+    secret: bytes | None = None  # this client's enrolled secret, proven in every hello
+
+    def _credentials(self, tls: TLS | None, key: Any) -> None:
+        """Keep the channel's TLS settings and secret (bytes, hex, or a file of hex)."""
+        self.tls = tls
+        self.secret = None if key is None else load_secret(key)
+
+    def _client_session(self, where: str, **hello_meta: Any) -> ClientSession:
+        """A fresh session for one connection attempt, with this channel's settings."""
+        return ClientSession(
+            self.client_id,
+            decoders=self.decoders,
+            max_message_bytes=self.limits.max_message_bytes,
+            hello_meta=hello_meta,
+            where=where,
+            secret=self.secret,
+        )
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         raise NotImplementedError
@@ -745,6 +786,10 @@ class Channel(_Endpoint):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _keys(auth: Mapping[str, Any] | str | os.PathLike[str]) -> Keys:
+    return Keys(auth) if isinstance(auth, Mapping) else Keys.load(auth)
 
 
 _LOG_EVERY_S = 10.0  # a repeated warning (one peer's junk, say) is logged at most this often

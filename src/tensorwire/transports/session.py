@@ -12,8 +12,11 @@ What a session settles before any data flows:
 - the codecs each side can decode (a sender never uses one its peer cannot decode);
 - the largest message each side accepts (a sender refuses to send a bigger one, so the error
   is the sender's, not a silent drop at the receiver);
-- the credential check: :class:`HubSession` takes an ``authenticate`` callable that sees the
-  hello and raises :class:`~tensorwire.errors.AuthenticationError` to refuse it.
+- the credential check: :class:`HubSession` takes an ``authenticate`` callable (a
+  :class:`~tensorwire.transports.security.KeyAuthenticator`) that sees the hello and the TLS
+  peer's certificate name, raises :class:`~tensorwire.errors.AuthenticationError` to refuse it
+  and otherwise returns the welcome's proof and the session key; a :class:`ClientSession` with
+  a ``secret`` proves it in its hello and checks the hub's proof (``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ from tensorwire.errors import (
     TransportError,
     VersionMismatch,
 )
+from tensorwire.transports.security import check_welcome, hello_auth
 from tensorwire.wire import EncodedMessage, Limits, Message, encode_message
+
+Authenticate = Callable[["Hello", str | None], tuple[Mapping[str, Any], bytes | None]]
+"""``authenticate(hello, tls_name) -> (welcome auth fields, session key or None)``."""
 
 PROTOCOL_VERSION = 2
 """The session protocol this build speaks (``hello.version``). 1 was the unchecked handshake
@@ -167,8 +174,10 @@ def bye(reason: str = "") -> EncodedMessage:
 class HubSession:
     """The hub's side of one client's session.
 
-    ``authenticate(hello)`` (optional) raises :class:`AuthenticationError` to refuse a client;
-    ``welcome_meta`` adds transport fields to the welcome (a UDP mode, say).
+    ``authenticate`` (optional, see :data:`Authenticate`) raises :class:`AuthenticationError`
+    to refuse a client; ``tls_name`` is the common name of the client's verified TLS
+    certificate, where the transport has one; ``welcome_meta`` adds transport fields to the
+    welcome (a UDP mode, say). After the hello, :attr:`key` is the session key (or None).
     """
 
     def __init__(
@@ -176,15 +185,19 @@ class HubSession:
         *,
         decoders: list[str],
         max_message_bytes: int,
-        authenticate: Callable[[Hello], None] | None = None,
+        authenticate: Authenticate | None = None,
+        tls_name: str | None = None,
         welcome_meta: Mapping[str, Any] | None = None,
     ) -> None:
         self.state = State.AWAIT_HELLO
         self.hello: Hello | None = None
+        self.key: bytes | None = None
         self._decoders = list(decoders)
         self._max_message_bytes = max_message_bytes
         self._authenticate = authenticate
+        self._tls_name = tls_name
         self._welcome_meta = dict(welcome_meta or {})
+        self._welcome_auth: Mapping[str, Any] = {}
 
     @property
     def client_id(self) -> str | None:
@@ -201,7 +214,7 @@ class HubSession:
             try:
                 hello = parse_hello(msg)
                 if self._authenticate is not None:
-                    self._authenticate(hello)
+                    self._welcome_auth, self.key = self._authenticate(hello, self._tls_name)
             except SessionRefused:
                 self.state = State.CLOSED
                 raise
@@ -230,6 +243,8 @@ class HubSession:
         }
         if self.hello is not None:
             meta["session"] = self.hello.session
+        if self._welcome_auth:
+            meta["auth"] = dict(self._welcome_auth)
         return encode_message(None, meta, kind="welcome")
 
     @staticmethod
@@ -240,7 +255,11 @@ class HubSession:
 
 
 class ClientSession:
-    """The client's side of its session with a hub: say :meth:`hello`, feed what comes back."""
+    """The client's side of its session with a hub: say :meth:`hello`, feed what comes back.
+
+    With a ``secret`` (this client's enrolled secret) the hello proves it and the welcome must
+    prove the hub knows it too; :attr:`key` is then the session key.
+    """
 
     def __init__(
         self,
@@ -250,6 +269,7 @@ class ClientSession:
         max_message_bytes: int,
         hello_meta: Mapping[str, Any] | None = None,
         where: str = "the hub",
+        secret: bytes | None = None,
     ) -> None:
         if not CLIENT_ID.match(client_id):
             raise ValueError(f"client_id {client_id!r} must be 1 to 128 letters, digits or ._:@+=-")
@@ -262,6 +282,9 @@ class ClientSession:
         self._hello_meta = dict(hello_meta or {})
         self._where = where
         self._version = PROTOCOL_VERSION  # the version the hello said
+        self._secret = secret
+        self._auth: dict[str, Any] = {}
+        self.key: bytes | None = None
 
     def hello(self) -> EncodedMessage:
         """The opening message; may be sent again while no welcome has come."""
@@ -276,6 +299,9 @@ class ClientSession:
             "max_message_bytes": self._max_message_bytes,
             "session": self.session,
         }
+        if self._secret is not None:
+            self._auth = hello_auth(self._secret, self.client_id, self.session)
+            meta["auth"] = self._auth
         return encode_message(None, meta, kind="hello")
 
     def receive(self, msg: Message) -> Event:
@@ -301,6 +327,14 @@ class ClientSession:
             session = msg.meta.get("session")
             if session is not None and session != self.session:
                 return Ignored("a welcome for an earlier session")
+            if self._secret is not None:
+                self.key = check_welcome(
+                    self._secret,
+                    self.session,
+                    self._auth["nonce"],
+                    msg.meta.get("auth"),
+                    self._where,
+                )
             self.welcome = Welcomed(
                 decoders=_decoders(msg.meta, "welcome"),
                 max_message_bytes=_max_bytes(msg.meta, "welcome"),

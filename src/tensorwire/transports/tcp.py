@@ -1,5 +1,8 @@
 """``tcp://host:port``: one TCP connection per client, messages back to back on it.
 
+With ``tls=tensorwire.TLS(...)`` the connection runs TLS 1.3 (``ssl``), mutual when the hub's
+settings name a CA; the certificate's name is then checked against the hello's client id.
+
 The session (``docs/session.md``) maps onto the connection directly: the client's first
 message is its ``hello``, the hub answers ``welcome`` (or ``refuse`` and closes); then both
 send ``data`` messages, and ``bye`` before closing. Each connection has its own reader thread
@@ -27,16 +30,16 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
+from tensorwire.transports.security import TLS, peer_common_name
 from tensorwire.transports.session import (
     HELLO_LIMITS,
-    ClientSession,
     Closed,
     Data,
     HubSession,
     Welcomed,
     bye,
 )
-from tensorwire.transports.stream_socket import StreamReader, send_encoded
+from tensorwire.transports.stream_socket import StreamReader, send_encoded, wrap_tls
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
 
@@ -78,6 +81,7 @@ class TcpHub(Hub):
     def __init__(self, url: str, *, backlog: int = 128, **options: Any) -> None:
         super().__init__(**options)
         host, port = host_port(url, default_port=0)
+        self._ssl = None if self.tls is None else self.tls.server_context()
         self._lsock = socket.create_server((host, port), backlog=backlog)
         self.url = f"tcp://{host}:{self._lsock.getsockname()[1]}"
         self._peers: dict[str, _Peer] = {}
@@ -111,21 +115,26 @@ class TcpHub(Hub):
                 self._threads.add(t)
             t.start()
 
-    def _handshake(self, conn: socket.socket) -> tuple[HubSession, StreamReader]:
+    def _handshake(self, conn: socket.socket) -> tuple[socket.socket, HubSession, StreamReader]:
+        deadline = deadline_after(HANDSHAKE_TIMEOUT)
+        tls_name = None
+        if self._ssl is not None:
+            conn = wrap_tls(conn, self._ssl, server_side=True, deadline=deadline)
+            tls_name = peer_common_name(conn)
         reader = StreamReader(conn, MessageStream(limits=HELLO_LIMITS, codec_lookup=get_codec))
-        session = HubSession(**self._session_options())
+        session = HubSession(**self._session_options(), tls_name=tls_name)
         try:
-            session.receive(reader.read_message(deadline_after(HANDSHAKE_TIMEOUT)))
+            session.receive(reader.read_message(deadline))
         except SessionRefused as exc:
             _say(conn, session.refusal(exc))
             raise
         reader.stream.limits = self.limits  # a member: its messages may be as large as ours
-        send_encoded(conn, session.welcome(), deadline_after(HANDSHAKE_TIMEOUT))
-        return session, reader
+        send_encoded(conn, session.welcome(), deadline)
+        return conn, session, reader
 
     def _serve_connection(self, conn: socket.socket, addr: Any) -> None:
         try:
-            session, reader = self._handshake(conn)
+            conn, session, reader = self._handshake(conn)
         except (WireError, TransportError) as exc:
             self._refused(f"{addr[0]}:{addr[1]}", exc)
             _shutdown(conn)
@@ -221,11 +230,15 @@ class TcpChannel(Channel):
         checksum: bool = True,
         limits: Limits = Limits(),
         timeout: float = 30.0,
+        tls: TLS | None = None,
+        key: Any = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
         self.client_id = client_id or default_client_id()
         self._address = host_port(url)
+        self._credentials(tls, key)
+        self._ssl = None if tls is None else tls.client_context()
         self._send_lock = threading.Lock()
         self._closed = True
         self.reconnect(timeout)
@@ -233,12 +246,13 @@ class TcpChannel(Channel):
     def _open(self, deadline: float | None) -> tuple[socket.socket, StreamReader, Welcomed]:
         sock = socket.create_connection(self._address, timeout=remaining(deadline))
         _tune(sock)
-        session = ClientSession(
-            self.client_id,
-            decoders=self.decoders,
-            max_message_bytes=self.limits.max_message_bytes,
-            where=f"the hub at {self.url}",
-        )
+        if self._ssl is not None:
+            assert self.tls is not None
+            name = self.tls.server_name or self._address[0]
+            sock = wrap_tls(
+                sock, self._ssl, server_side=False, server_hostname=name, deadline=deadline
+            )
+        session = self._client_session(f"the hub at {self.url}")
         reader = StreamReader(sock, MessageStream(limits=self.limits, codec_lookup=get_codec))
         try:
             send_encoded(sock, session.hello(), deadline)
