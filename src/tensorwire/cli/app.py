@@ -440,5 +440,32 @@ def report_cmd(
     console.print(f"report: {path}")
 
 
+@app.command("certs")
+def certs_cmd(
+    out: Annotated[Path, typer.Option(help="Directory to write the files into.")] = Path("certs"),
+    hosts: Annotated[
+        str, typer.Option(help="Comma-separated names and addresses the hub is reached by.")
+    ] = "127.0.0.1,localhost",
+    clients: Annotated[
+        str, typer.Option(help="Comma-separated client ids to enrol, e.g. device-1,device-2.")
+    ] = "device-1,device-2,device-3,device-4",
+) -> None:
+    """Make a CA, the hub's certificate, and a certificate + secret per device.
+
+    Reuses the CA already in OUT, so devices can be enrolled later. The hub loads
+    OUT/keys.json (--auth) and hub.pem/hub.key/ca.pem (--tls-*); each device takes its own
+    <id>.pem, <id>.key, <id>.secret and ca.pem.
+    """
+    from tensorwire.transports.certs import make_certs
+
+    try:
+        made = make_certs(out, hosts=_split(hosts), clients=_split(clients))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.print(f"CA: {made.ca}\nhub: {made.hub_cert}, {made.hub_key}\nkeys: {made.keys}")
+    for cid, files in made.devices.items():
+        console.print(f"{cid}: " + ", ".join(str(f) for f in files.values()))
+
+
 def main() -> None:
     app()
