@@ -22,6 +22,7 @@ from tensorwire.transports.registry import (
     unknown_scheme,
     unregister_transport,
 )
+from tensorwire.transports.security import split_security_options
 
 
 def _load(url: str, role: str) -> Any:
@@ -33,13 +34,23 @@ def _load(url: str, role: str) -> Any:
 
 
 def serve(url: str, **options: Any) -> Hub:
-    """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``); options go to the transport."""
-    return _load(url, "hub")(url, **options)
+    """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``); options go to the transport.
+
+    ``tls=tensorwire.TLS(...)`` and ``auth=tensorwire.Keys.load(...)`` (or the URL options
+    ``?cert=&certkey=&ca=&keys=``) admit only enrolled clients and encrypt the traffic.
+    """
+    url, security = split_security_options(url, "hub")
+    return _load(url, "hub")(url, **security, **options)
 
 
 def connect(url: str, **options: Any) -> Channel:
-    """Open a channel to the hub at ``url``; ``client_id=`` names this client."""
-    return _load(url, "channel")(url, **options)
+    """Open a channel to the hub at ``url``; ``client_id=`` names this client.
+
+    ``tls=tensorwire.TLS(ca=...)`` and ``key=`` (its enrolled secret), or the URL options
+    ``?ca=&cert=&certkey=&secret=``, prove who it is and encrypt the traffic.
+    """
+    url, security = split_security_options(url, "channel")
+    return _load(url, "channel")(url, **security, **options)
 
 
 __all__ = [

@@ -339,3 +339,51 @@ def unseal(data: memoryview, key: bytes, sender: bytes, window: ReplayWindow) ->
             raise AuthenticationError(f"a replayed message (sequence number {seq})")
         return payload
     raise AuthenticationError("a message with no MAC for this session")
+
+
+# --- URL options -------------------------------------------------------------------------------
+
+URL_OPTIONS = {
+    "tls": "1: use TLS (with the system's CAs unless ca= is given)",
+    "ca": "PEM file of the CA that signs the other side's certificate",
+    "cert": "PEM file of this side's certificate",
+    "certkey": "PEM file of this side's certificate key",
+    "servername": "the name the hub's certificate must carry (client; default: the URL's host)",
+    "secret": "file of this client's enrolled secret (hex)",
+    "keys": "the hub's enrolment: keys.json or a directory of <id>.secret files",
+}
+"""Security options every scheme's URL takes (``?ca=certs/ca.pem&secret=...``): the same as
+the ``tls=``, ``key=`` (client) and ``auth=`` (hub) arguments of ``connect`` / ``serve``."""
+
+
+def split_security_options(url: str, role: str) -> tuple[str, dict[str, Any]]:
+    """Take the security options out of ``url``'s query; return the rest of the URL and the
+    ``serve`` (role ``hub``) or ``connect`` (``channel``) keyword arguments they stand for."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in URL_OPTIONS}
+    if not ours:
+        return url, {}
+    rest = urlencode([(k, v) for k, v in query if k not in URL_OPTIONS], safe="/%:")
+    url = urlunsplit(parts._replace(query=rest))
+    kwargs: dict[str, Any] = {}
+    wants_tls = ours.get("tls", "0") not in ("0", "") or any(
+        k in ours for k in ("ca", "cert", "certkey", "servername")
+    )
+    if wants_tls:
+        kwargs["tls"] = TLS(
+            cert=ours.get("cert"),
+            key=ours.get("certkey"),
+            ca=ours.get("ca"),
+            server_name=ours.get("servername"),
+        )
+    if role == "hub" and "keys" in ours:
+        kwargs["auth"] = ours["keys"]
+    if role == "channel" and "secret" in ours:
+        kwargs["key"] = Path(ours["secret"])
+    wrong = {"hub": "secret", "channel": "keys"}[role]
+    if wrong in ours:
+        raise TransportError(f"{wrong}= is for the {'client' if role == 'hub' else 'hub'}")
+    return url, kwargs

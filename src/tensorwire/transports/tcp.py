@@ -40,7 +40,7 @@ from tensorwire.transports.session import (
     bye,
 )
 from tensorwire.transports.stream_socket import StreamReader, send_encoded, wrap_tls
-from tensorwire.transports.url import host_port
+from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.tcp")
@@ -80,6 +80,7 @@ class TcpHub(Hub):
 
     def __init__(self, url: str, *, backlog: int = 128, **options: Any) -> None:
         super().__init__(**options)
+        query_options(url, ())
         host, port = host_port(url, default_port=0)
         self._ssl = None if self.tls is None else self.tls.server_context()
         self._lsock = socket.create_server((host, port), backlog=backlog)
@@ -236,6 +237,7 @@ class TcpChannel(Channel):
         super().__init__(codec, checksum, limits)
         self.url = url
         self.client_id = client_id or default_client_id()
+        query_options(url, ())
         self._address = host_port(url)
         self._credentials(tls, key)
         self._ssl = None if tls is None else tls.client_context()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from collections.abc import Iterable
+from urllib.parse import parse_qsl, urlsplit
 
 from tensorwire.errors import TransportError
 
@@ -19,3 +20,20 @@ def host_port(url: str, default_port: int | None = None) -> tuple[str, int]:
     if port is None:
         raise TransportError(f"{url!r} names no port; write it as {parts.scheme}://HOST:PORT")
     return parts.hostname or "127.0.0.1", port
+
+
+def query_options(url: str, known: Iterable[str]) -> dict[str, str]:
+    """The URL's query as a dict (last value wins); ``TransportError`` naming any option that
+    is not in ``known`` (nor a security option, which ``serve``/``connect`` take out first)."""
+    allowed = set(known)
+    query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    unknown = sorted(set(query) - allowed)
+    if unknown:
+        from tensorwire.transports.security import URL_OPTIONS
+
+        every = sorted(allowed | set(URL_OPTIONS))
+        raise TransportError(
+            f"{url!r}: unknown option(s) {', '.join(unknown)}; this scheme takes "
+            f"{', '.join(every) or 'none'}"
+        )
+    return query
