@@ -56,3 +56,15 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
         socks.append(socket.create_connection(address, timeout=10))
     for s in socks:
         s.close()
+
+
+def proxy_target(hub_url: str) -> tuple[str, int]:
+    """Where a recording proxy forwards a client's connection to: the hub's port."""
+    from tensorwire.transports.url import host_port
+
+    return host_port(hub_url)
+
+
+def proxied_url(hub_url: str, port: int) -> str:
+    """The hub's URL as reached through a proxy on 127.0.0.1:``port``."""
+    return f"tcp://127.0.0.1:{port}"
