@@ -1,11 +1,13 @@
 """zmq+tcp:// beyond the conformance suite: zero-copy send semantics, framing recovery,
-connection loss, reconnect takeover, thread use."""
+connection loss, reconnect takeover, routing ids nobody else can take, bounded queues, thread
+use."""
 
 from __future__ import annotations
 
 import importlib.util
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,22 @@ import pytest
 zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (extra 'zmq')")
 
 import tensorwire  # noqa: E402
-from tensorwire.errors import ChecksumMismatch, PeerGone, TruncatedMessage, WireError  # noqa: E402
-from tensorwire.transports.zmq import MORE, START, _batches, _frames  # noqa: E402
+from tensorwire.errors import (  # noqa: E402
+    AuthenticationError,
+    ChecksumMismatch,
+    PeerGone,
+    TransportTimeout,
+    TruncatedMessage,
+    WireError,
+)
+from tensorwire.transports.session import ClientSession, HubSession  # noqa: E402
+from tensorwire.transports.zmq import (  # noqa: E402
+    MAX_STRANGERS,
+    MORE,
+    PIECE_BYTES,
+    START,
+    _pieces,
+)
 from tensorwire.wire import decode_message, encode_message  # noqa: E402
 
 T = 20.0
@@ -44,8 +60,8 @@ def _until(cond, timeout=T) -> bool:
 
 
 def _send_raw(sock, enc) -> None:
-    for i, batch in enumerate(_batches(enc)):
-        sock.send_multipart(_frames(START if i == 0 else MORE, batch))
+    for piece in _pieces(enc):
+        sock.send_multipart(piece)
 
 
 def _recv_raw(sock):
@@ -55,13 +71,19 @@ def _recv_raw(sock):
     return decode_message(b"".join([frames[0][1:], *frames[1:]]))
 
 
-def _raw_client(ctx, hub, ident: bytes, hello: bool = True):
+def _hello(client_id: str, session: str):
+    hello = ClientSession(client_id, decoders=[], max_message_bytes=1 << 20)
+    hello.session = session
+    return hello.hello()
+
+
+def _raw_client(ctx, hub, client_id: str, hello: bool = True, routing_id: bytes | None = None):
+    """A raw DEALER; with ``hello``, a member whose routing id is its session id."""
     sock = ctx.socket(zmq.DEALER)
-    sock.identity = ident
+    sock.routing_id = routing_id or uuid.uuid4().hex.encode()
     sock.connect(hub.url.removeprefix("zmq+"))
     if hello:
-        meta = {"client_id": ident.decode(), "decoders": []}
-        _send_raw(sock, encode_message(None, meta, kind="hello"))
+        _send_raw(sock, _hello(client_id, sock.routing_id.decode()))
         assert _recv_raw(sock).kind == "welcome"
     return sock
 
@@ -104,12 +126,14 @@ def test_garbage_from_an_unnamed_dealer_is_rejected_and_others_served(hub):
 
 
 def test_a_bad_message_is_dropped_and_the_next_one_from_that_client_delivered(hub, ctx):
-    sock = _raw_client(ctx, hub, b"raw")
+    sock = _raw_client(ctx, hub, "raw")
     hub.wait_for(1, timeout=T)
     data = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: the message spans several pieces
     corrupt = bytearray(encode_message({"x": data}).to_bytes())
     corrupt[len(corrupt) // 2] ^= 0xFF
-    sock.send_multipart([START, bytes(corrupt)])
+    for start in range(0, len(corrupt), PIECE_BYTES):  # in pieces, as a sender must
+        marker = MORE if start else START
+        sock.send_multipart([marker, bytes(corrupt[start : start + PIECE_BYTES])])
     whole = encode_message({"x": data}).to_bytes()
     sock.send_multipart([START, whole[:1000]])  # cut short by the next START
     _send_raw(sock, encode_message({"x": data}, {"n": 3}))
@@ -120,10 +144,19 @@ def test_a_bad_message_is_dropped_and_the_next_one_from_that_client_delivered(hu
 
 
 def test_data_without_a_hello_is_answered_with_bye(hub, ctx):
-    sock = _raw_client(ctx, hub, b"stranger", hello=False)
+    sock = _raw_client(ctx, hub, "stranger", hello=False)
     _send_raw(sock, encode_message({"v": np.zeros(2)}))
     assert _recv_raw(sock).kind == "bye"
     assert hub.clients == []
+
+
+def _fake_welcome(fake) -> None:
+    """Answer the first hello on the ROUTER ``fake`` as a hub would."""
+    assert fake.poll(T * 1000)
+    ident, *frames = fake.recv_multipart()
+    session = HubSession(decoders=[], max_message_bytes=1 << 30)
+    session.receive(decode_message(b"".join([frames[0][1:], *frames[1:]])))
+    fake.send_multipart([ident, START, session.welcome().to_bytes()])
 
 
 def test_a_hub_that_vanishes_without_bye_raises_peer_gone(ctx):
@@ -141,10 +174,7 @@ def test_a_hub_that_vanishes_without_bye_raises_peer_gone(ctx):
 
     t = threading.Thread(target=client)
     t.start()
-    assert fake.poll(T * 1000)
-    ident = fake.recv_multipart()[0]
-    welcome = encode_message(None, {"decoders": []}, kind="welcome")
-    fake.send_multipart([ident, START, welcome.to_bytes()])
+    _fake_welcome(fake)
     time.sleep(0.2)  # let the client get into recv
     fake.close(linger=0)
     t.join(T)
@@ -203,3 +233,181 @@ def test_on_join_may_send(hub):
         assert np.array_equal(ch.recv(timeout=T)["hello"], np.arange(3))
     finally:
         ch.close()
+
+
+def test_an_impostor_with_a_clients_routing_id_gets_none_of_its_messages(hub, ctx):
+    victim = tensorwire.connect(hub.url, client_id="victim")
+    try:
+        hub.wait_for(1, timeout=T)
+        routing_id = victim._dealer.routing_id  # the session id: secret, but say it leaked
+        assert routing_id == victim._session.session.encode()
+        # One impostor takes the routing id while the victim is connected and says the
+        # victim's hello; another takes the client id, the routing id of the old protocol.
+        twin = _raw_client(ctx, hub, "victim", hello=False, routing_id=routing_id)
+        _send_raw(twin, _hello("victim", routing_id.decode()))
+        named = _raw_client(ctx, hub, "victim", hello=False, routing_id=b"victim")
+        _send_raw(named, encode_message({"v": np.zeros(2)}))
+        assert _recv_raw(named).kind == "bye"  # no session on that connection
+        for i in range(3):
+            hub.send("victim", {"v": np.full(4, i)}, meta={"i": i})
+            assert hub.broadcast(None, meta={"b": i}).keys() == {"victim"}
+        for i in range(3):
+            assert victim.recv(timeout=T).meta == {"i": i}
+            assert victim.recv(timeout=T).meta == {"b": i}
+        assert not twin.poll(500), "the impostor received the victim's messages"
+        assert not named.poll(100)
+        victim.send({"v": np.arange(3)}, meta={"from": "victim"})
+        client, msg = hub.recv(timeout=T)
+        assert (client, msg.meta) == ("victim", {"from": "victim"})
+        assert hub.clients == ["victim"]
+        assert [e.kind for e in hub.events] == ["joined"]  # never replaced
+    finally:
+        victim.close()
+
+
+def test_a_hello_on_a_routing_id_other_than_its_session_is_refused(hub, ctx):
+    wrong = _raw_client(ctx, hub, "w", hello=False, routing_id=b"w" * 32)
+    _send_raw(wrong, _hello("w", uuid.uuid4().hex))
+    assert _recv_raw(wrong).kind == "refuse"
+    short = _raw_client(ctx, hub, "s", hello=False, routing_id=b"abc")
+    _send_raw(short, _hello("s", "abc"))  # a guessable session id
+    answer = _recv_raw(short)
+    assert answer.kind == "refuse" and "routing id" in answer.meta["reason"]
+    assert hub.clients == []
+    assert _until(lambda: sum(e.kind == "refused" for e in hub.events) == 2)
+
+
+def test_unfinished_messages_of_strangers_are_bounded(hub, ctx):
+    hello = _hello("x", uuid.uuid4().hex).to_bytes()
+    socks = []
+    for _ in range(MAX_STRANGERS + 20):
+        sock = _raw_client(ctx, hub, "x", hello=False)
+        sock.send_multipart([START + hello[:30]])  # the start of a hello, never finished
+        socks.append(sock)
+    assert _until(lambda: any("too many strangers" in str(e) for _, e in hub.errors))
+    assert len(hub._strangers) <= MAX_STRANGERS
+    good = tensorwire.connect(hub.url, client_id="good")
+    try:
+        hub.wait_for(1, timeout=T)
+        hub.send("good", {"v": np.arange(3)})
+        assert np.array_equal(good.recv(timeout=T)["v"], np.arange(3))
+    finally:
+        good.close()
+
+
+def test_sends_to_a_client_that_does_not_read_time_out_and_it_is_served_after(hub):
+    hub.set_codec(None)  # 1 MiB on the wire per message, not a compressed few KiB
+    ch = tensorwire.connect(hub.url, client_id="lazy", codec=None)
+    other = tensorwire.connect(hub.url, client_id="busy", codec=None)
+    try:
+        hub.wait_for(2, timeout=T)
+        piece = np.ones(1 << 18, np.float32)  # 1 MiB: one ZeroMQ message
+        sent = 0
+        with pytest.raises(TransportTimeout, match="lazy"):
+            for _ in range(1000):  # queues and socket buffers hold far fewer
+                hub.send("lazy", {"v": piece}, meta={"n": sent}, timeout=0.5)
+                sent += 1
+        assert 1 <= sent < 200
+        t0 = time.monotonic()
+        result = hub.broadcast({"v": piece}, meta={"n": -1}, timeout=0.5)
+        assert time.monotonic() - t0 < 3
+        assert set(result) == {"busy"} and isinstance(result.failed["lazy"], TransportTimeout)
+        assert ("slow", "lazy") in [(e.kind, e.client_id) for e in hub.events]
+        assert other.recv(timeout=T).meta == {"n": -1}
+        got = []
+        while True:  # what was queued arrives in order, whole or (a timed-out one) cut short
+            try:
+                got.append(ch.recv(timeout=1).meta["n"])
+            except TruncatedMessage:
+                continue
+            except TransportTimeout:
+                break
+        assert got[:sent] == list(range(sent))
+        hub.send("lazy", {"v": np.arange(3)}, meta={"n": "after"}, timeout=T)
+        assert ch.recv(timeout=T).meta == {"n": "after"}
+    finally:
+        ch.close()
+        other.close()
+
+
+def test_channel_sends_time_out_when_the_hub_does_not_read(ctx):
+    fake = ctx.socket(zmq.ROUTER)
+    fake.rcvhwm = 4
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    t = threading.Thread(target=_fake_welcome, args=(fake,))
+    t.start()
+    ch = tensorwire.connect(f"zmq+tcp://127.0.0.1:{port}", client_id="c", timeout=T, codec=None)
+    t.join(T)
+    try:
+        piece = np.ones(1 << 18, np.float32)
+        sent = 0
+        t0 = time.monotonic()
+        with pytest.raises(TransportTimeout, match="hub"):
+            for _ in range(1000):  # the fake hub reads nothing more
+                ch.send({"v": piece}, timeout=0.5)
+                sent += 1
+        assert 1 <= sent < 200 and time.monotonic() - t0 < 60
+    finally:
+        ch._drop()
+
+
+def test_a_stranger_that_reads_nothing_cannot_stall_the_hub(hub, ctx):
+    good = tensorwire.connect(hub.url, client_id="good")
+    try:
+        hub.wait_for(1, timeout=T)
+        stranger = _raw_client(ctx, hub, "s", hello=False)
+        data = encode_message({"v": np.zeros(2)}).to_bytes()
+        for _ in range(2000):  # each is answered with a bye it never reads
+            stranger.send_multipart([START + data])
+        assert _until(lambda: hub.errors.total >= 2000)
+        t0 = time.monotonic()
+        hub.send("good", {"v": np.arange(3)}, timeout=T)
+        assert np.array_equal(good.recv(timeout=T)["v"], np.arange(3))
+        good.send({"v": np.arange(2)})
+        assert hub.recv(timeout=T)[0] == "good" and time.monotonic() - t0 < 5
+    finally:
+        good.close()
+
+
+def test_a_channel_waits_for_a_hub_that_starts_later():
+    import socket
+
+    probe = socket.create_server(("127.0.0.1", 0))
+    url = f"zmq+tcp://127.0.0.1:{probe.getsockname()[1]}"
+    probe.close()
+    result: dict[str, object] = {}
+
+    def client() -> None:
+        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
+            result["msg"] = ch.recv(timeout=T)
+
+    t = threading.Thread(target=client)
+    t.start()
+    time.sleep(1.5)  # past the first attempt: dial retries
+    with tensorwire.serve(url) as hub:
+        hub.wait_for(1, timeout=T)
+        hub.send("early", {"v": np.arange(3)})
+        t.join(T)
+    assert np.array_equal(result["msg"]["v"], np.arange(3))
+
+
+def test_the_credential_check_sees_only_hellos_on_their_own_routing_id(ctx):
+    seen = []
+
+    def authenticate(hello, tls_name):
+        seen.append(hello.client_id)
+        if hello.client_id != "friend":
+            raise AuthenticationError(f"{hello.client_id!r} is not enrolled")
+        return {}, None
+
+    with tensorwire.serve("zmq+tcp://127.0.0.1:0", authenticate=authenticate) as hub:
+        with pytest.raises(AuthenticationError, match="not enrolled"):
+            tensorwire.connect(hub.url, client_id="foe", timeout=T)
+        spoof = _raw_client(ctx, hub, "friend", hello=False, routing_id=b"f" * 32)
+        _send_raw(spoof, _hello("friend", uuid.uuid4().hex))
+        assert _recv_raw(spoof).kind == "refuse"  # refused before the credential check
+        with tensorwire.connect(hub.url, client_id="friend", timeout=T) as ch:
+            hub.wait_for(1, timeout=T)
+            hub.send("friend", {"v": np.arange(2)})
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(2))
+        assert seen == ["foe", "friend"]

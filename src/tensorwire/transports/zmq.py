@@ -1,7 +1,16 @@
-"""``zmq+tcp://host:port``: a ZeroMQ ROUTER on the hub, a DEALER per client (identity = client id).
+"""``zmq+tcp://host:port``: a ZeroMQ ROUTER on the hub, a DEALER per client session.
 
-Handshake as in ``tcp://``: the client's ``hello`` (its id and decoders), the hub's ``welcome``;
-``bye`` to close. A tensorwire message travels as a run of ZeroMQ messages of at most
+``docs/transports/zmq.md`` specifies what goes over the wire; in short:
+
+Session. The client's first tensorwire message is its ``hello``, the hub answers ``welcome``
+(or ``refuse``), ``bye`` ends the session (:mod:`~tensorwire.transports.session`). The
+DEALER's ZeroMQ routing id is the hello's ``session``: 32 random hex digits, new for every
+connection. The hub addresses a client only by the routing id its hello came on, refuses a
+hello whose ``session`` is not that routing id, and leaves ``ROUTER_HANDOVER`` off, so a peer
+that connects with a routing id already in use is never routed to: nobody can take over a
+client's messages without guessing its session id, and not even then while it is connected.
+
+Framing. A tensorwire message travels as a run of ZeroMQ messages ("pieces") of at most
 ``PIECE_BYTES`` of payload each, its bytes (head, tensor data, digests) in order after a
 one-byte marker: ``S`` starts a tensorwire message, ``C`` continues it. Buffers from 64 KiB up
 are frames of their own, sent zero-copy; runs of smaller ones are joined into one frame (pyzmq
@@ -14,25 +23,27 @@ own send/recv of the bare array, in one prototype run). The receiver copies each
 the tensor it belongs to, never joining frames (the one copy pyzmq's users make too), and
 libzmq's 1 MiB receive buffers are reused where a whole-message buffer would be page-faulted
 in anew each time. The marker lets a receiver drop a bad message and resume at the next ``S``:
-garbage spoils one message, never the connection.
+garbage, or a send cut short by its deadline, spoils one message, never the connection.
 
-Broadcast is a ROUTER send of the same zero-copy frames to each client, not PUB: libzmq writes
-every connection from its I/O thread either way (measured alike for 8 clients x 16 MiB), and a
-ROUTER keeps each client's messages in one ordered stream, needs no subscription handshake
-(a client is routable as soon as its hello arrived), and never drops a message at a high-water
-mark (``SNDHWM`` 0; a send waits until libzmq has released the buffers instead).
+Flow control. Every socket queues at most ``QUEUE_PIECES`` pieces per peer each way (high-water
+marks), so a peer that stops reading costs at most that much memory. A send queues the pieces
+it can without blocking; when a client's queue is full it retries until its deadline, then
+raises :class:`TransportTimeout` (a ``slow`` client), never reporting a message it could not
+queue as sent. Broadcast is a ROUTER send of the same zero-copy frames to each client, round
+robin so a full queue holds up only its own client; not PUB: libzmq writes every connection
+from its I/O thread either way (measured alike for 8 clients x 16 MiB), and a ROUTER keeps
+each client's messages in one ordered stream and needs no subscription handshake.
 
-ZeroMQ sockets are not thread-safe. The hub's ROUTER is guarded by a lock: a send runs in the
-calling thread (no hand-off to another thread), and a reader thread takes the lock only to
-read, waiting outside it on the socket's ``ZMQ_FD``. The hub learns of lost connections from a
-socket monitor (``DISCONNECTED`` names the file descriptor; ``ZMQ_SRCFD`` of the hello ties it
-to a client). libzmq queues a connection's last messages on the ROUTER before it reports the
-connection closed, so a client leaves only once a read that began after its ``DISCONNECTED``
-found the ROUTER empty: what it sent just before closing is delivered first.
-
-A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a time: a thread
-that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a socketpair, so a
-channel used from one thread pays no hand-off either.
+Threads. ZeroMQ sockets are not thread-safe. The hub's ROUTER is guarded by a lock: a send
+runs in the calling thread (no hand-off to another thread), and a reader thread takes the lock
+only to read, waiting outside it on the socket's ``ZMQ_FD``. The hub learns of lost
+connections from a socket monitor (``DISCONNECTED`` names the file descriptor; ``ZMQ_SRCFD``
+of the hello ties it to a session). libzmq queues a connection's last messages on the ROUTER
+before it reports the connection closed, so a client leaves only once a read that began after
+its ``DISCONNECTED`` found the ROUTER empty: what it sent just before closing is delivered
+first. A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a time:
+a thread that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a
+socketpair, so a channel used from one thread pays no hand-off either.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -54,20 +66,28 @@ from tensorwire.codecs import get_codec
 from tensorwire.errors import (
     BadMagic,
     PeerGone,
+    SessionRefused,
     TransportError,
     TransportTimeout,
     TruncatedMessage,
     WireError,
 )
 from tensorwire.transports.base import (
-    PROTOCOL_VERSION,
     Channel,
     Hub,
-    control_message,
     deadline_after,
     default_client_id,
-    parse_hello,
+    dial,
     remaining,
+)
+from tensorwire.transports.session import (
+    HELLO_LIMITS,
+    Closed,
+    Data,
+    Hello,
+    HubSession,
+    Welcomed,
+    bye,
 )
 from tensorwire.transports.url import host_port
 from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
@@ -75,9 +95,14 @@ from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageS
 log = logging.getLogger("tensorwire.transports.zmq")
 
 PIECE_BYTES = 1 << 20  # payload of one ZeroMQ message: hashed and copied while still in cache
-MAX_FRAME_BYTES = 16 << 20  # a peer sending a bigger frame is disconnected by libzmq
+MAX_FRAME_BYTES = 2 * PIECE_BYTES  # a peer sending a bigger frame is disconnected by libzmq
+QUEUE_PIECES = 32  # ZeroMQ messages each socket queues per peer and direction (high-water mark)
 START, MORE = b"S", b"C"  # first frame of every ZeroMQ message: starts / continues a message
+MIN_SESSION_CHARS = 16  # a routing id (= session id) shorter than this is guessable: refused
+MAX_STRANGERS = 64  # peers without a session whose unfinished message the hub keeps at once
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
+CONNECT_ATTEMPT_S = 1.0  # seconds a channel waits for the TCP connection before dial retries
+FULL_WAIT_S = (0.0002, 0.002)  # first and longest wait between tries of a full queue, seconds
 HEARTBEAT_IVL_MS = 5_000  # ZMTP pings find connections whose peer vanished without a FIN
 HEARTBEAT_TIMEOUT_MS = 30_000
 READ_BATCH = 64  # ZeroMQ messages the hub reads per hold of the ROUTER lock
@@ -89,7 +114,8 @@ def _endpoint(host: str, port: int | str) -> str:
 
 def _configure(sock: zmq.Socket, host: str) -> None:
     sock.linger = 0
-    sock.sndhwm = 0  # never drop or refuse for a full queue: senders wait on trackers instead
+    sock.sndhwm = QUEUE_PIECES  # a full queue makes a send wait, then time out: never unbounded
+    sock.rcvhwm = QUEUE_PIECES
     sock.maxmsgsize = MAX_FRAME_BYTES
     sock.heartbeat_ivl = HEARTBEAT_IVL_MS
     sock.heartbeat_timeout = HEARTBEAT_TIMEOUT_MS
@@ -157,28 +183,57 @@ def _frames(marker: bytes, batch: list[bytes | memoryview]) -> list[bytes | memo
     return frames
 
 
-def _transmit(
-    sock: zmq.Socket, enc: EncodedMessage, envelope: tuple[bytes, ...] = ()
-) -> list[zmq.MessageTracker]:
-    """Queue ``enc`` on ``sock`` as ZeroMQ messages ``[*envelope, *_frames(...)]`` without
-    blocking.
-
-    Returns the trackers of the frames libzmq shares with us (zero-copy, above pyzmq's copy
-    threshold): the caller waits on them before the arrays may change.
-    """
-    trackers = []
+def _pieces(enc: EncodedMessage) -> Iterator[list[bytes | memoryview]]:
+    """``enc`` as the frames of its ZeroMQ messages, in order (see the module doc)."""
     marker = START
     for batch in _batches(enc):
-        parts = [*envelope, *_frames(marker, batch)]
-        last = len(parts) - 1
-        for i, part in enumerate(parts):
-            tracker = sock.send(
-                part, _SEND_MORE if i < last else _SEND_LAST, copy=False, track=True
-            )
-            if not tracker.done:
-                trackers.append(tracker)
+        yield _frames(marker, batch)
         marker = MORE
-    return trackers
+
+
+class _SharedPieces:
+    """The pieces of one message, made on first use and kept for every client a broadcast
+    sends them to: digests are computed and small buffers joined once."""
+
+    def __init__(self, enc: EncodedMessage) -> None:
+        self._source = _pieces(enc)
+        self._made: list[list[bytes | memoryview]] = []
+
+    def get(self, i: int) -> list[bytes | memoryview] | None:
+        """Piece ``i``, or None past the last one."""
+        while i >= len(self._made):
+            piece = next(self._source, None)
+            if piece is None:
+                return None
+            self._made.append(piece)
+        return self._made[i]
+
+
+def _queue_piece(
+    sock: zmq.Socket,
+    piece: list[bytes | memoryview],
+    trackers: list[zmq.MessageTracker],
+    envelope: bytes | None = None,
+) -> bool:
+    """Queue one ZeroMQ message ``[envelope, *piece]`` without blocking; False (nothing queued)
+    if the peer's queue is full, or for a DEALER, not connected.
+
+    Appends the trackers of the frames libzmq shares with us (zero-copy, from pyzmq's copy
+    threshold up) to ``trackers``: the caller waits on them before the arrays may change.
+    libzmq checks the high-water mark only at a message's first frame, so only that one can
+    find the queue full.
+    """
+    parts = piece if envelope is None else [envelope, *piece]
+    last = len(parts) - 1
+    try:
+        sent = [sock.send(parts[0], _SEND_MORE if last else _SEND_LAST, copy=False, track=True)]
+    except zmq.Again:
+        return False
+    for i in range(1, last + 1):
+        flags = _SEND_MORE if i < last else _SEND_LAST
+        sent.append(sock.send(parts[i], flags, copy=False, track=True))
+    trackers.extend(t for t in sent if not t.done)
+    return True
 
 
 def _wait_released(trackers: list[zmq.MessageTracker], deadline: float | None, to: str) -> None:
@@ -198,11 +253,15 @@ class _Reassembler:
     """Tensorwire messages back from the ZeroMQ messages one peer sent (see the module doc)."""
 
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
+        self._limits = limits
         self._stream = self._new_stream()
 
     def _new_stream(self) -> MessageStream:
-        return MessageStream(limits=self.limits, codec_lookup=get_codec)
+        return MessageStream(limits=self._limits, codec_lookup=get_codec)
+
+    def set_limits(self, limits: Limits) -> None:
+        """Read the messages after the current one under ``limits`` (a stranger became a member)."""
+        self._limits = self._stream.limits = limits
 
     @property
     def in_message(self) -> bool:
@@ -263,6 +322,46 @@ def _peer_name(ident: bytes) -> str:
         return f"0x{ident.hex()}"
 
 
+@dataclass(eq=False)
+class _Peer:
+    """A client whose hello the hub welcomed, on the connection it came on."""
+
+    client_id: str
+    ident: bytes  # its routing id: the session id of its hello
+    fd: int  # the hub's file descriptor of its connection
+    session: HubSession
+    reader: _Reassembler
+
+
+@dataclass(eq=False)
+class _Outbound:
+    """One client's progress through a message the hub sends."""
+
+    client_id: str
+    ident: bytes | None = None  # its routing id, looked up as the first piece is queued
+    next: int = 0  # index of the next piece to queue
+    done: bool = False  # every piece is queued
+    trackers: list[zmq.MessageTracker] = field(default_factory=list)
+    released: int = 0  # trackers before this one are done
+
+
+def _wait_for_room(pending: list[_Outbound], nap: float, left: float | None) -> None:
+    """Wait until a full queue may have room: libzmq frees half a queue at a time, so until
+    it wrote the zero-copy frame about half a queue after the oldest one still queued for one
+    of ``pending``; or for ``nap`` seconds if all their queued frames were copies (no tracker
+    says when those leave). Never past ``left`` seconds."""
+    for out in pending:
+        while out.released < len(out.trackers) and out.trackers[out.released].done:
+            out.released += 1
+        if out.released < len(out.trackers):
+            target = min(out.released + QUEUE_PIECES // 2, len(out.trackers) - 1)
+            longest = FULL_WAIT_S[1]
+            with contextlib.suppress(zmq.NotDone):
+                out.trackers[target].wait(longest if left is None else min(longest, left))
+            return
+    time.sleep(nap if left is None else min(nap, left))
+
+
 class ZmqHub(Hub):
     """Hub on ``zmq+tcp://host:port`` (port 0 picks a free one; see :attr:`url`).
 
@@ -278,8 +377,8 @@ class ZmqHub(Hub):
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         _configure(self._router, host)
-        self._router.router_mandatory = 1  # a send to a gone client raises, never vanishes
-        self._router.router_handover = 1  # a client reconnecting with its id takes it over
+        self._router.router_mandatory = 1  # a send to a gone client raises, a full queue EAGAIN
+        self._router.router_handover = 0  # a routing id in use is never given to another peer
         self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         try:
             self._router.bind(_endpoint(host, port or "*"))
@@ -287,12 +386,14 @@ class ZmqHub(Hub):
             self._ctx.destroy(linger=0)
             raise TransportError(f"cannot listen on {url}: {exc}") from None
         self.url = "zmq+" + self._router.last_endpoint.decode()
-        self._lock = threading.Lock()  # whoever holds it may use the ROUTER
+        self._lock = threading.Lock()  # whoever holds it may use the ROUTER (and _route)
         self._stopping = False
-        self._readers: dict[bytes, _Reassembler] = {}
-        self._fd_of: dict[bytes, int] = {}  # client identity -> fd of its connection
-        self._on_fd: dict[int, bytes] = {}
-        self._closing: list[tuple[bytes, int]] = []  # (identity, fd) seen closed, not yet left
+        self._route: dict[str, bytes] = {}  # client id -> routing id of its current session
+        # Owned by the reader thread:
+        self._peers: dict[bytes, _Peer] = {}  # routing id -> its session
+        self._strangers: dict[bytes, _Reassembler] = {}  # no session, a message unfinished
+        self._on_fd: dict[int, bytes] = {}  # fd of a session's connection -> its routing id
+        self._closing: list[_Peer] = []  # sessions whose connection closed, not yet left
         self._wake_r, self._wake_w = _waker()
         self._io = threading.Thread(target=self._run, name="tensorwire-zmq-hub", daemon=True)
         self._io.start()
@@ -344,7 +445,7 @@ class ZmqHub(Hub):
             _wake(self._wake_w)
 
     def _read_monitor(self) -> None:
-        """Note connections that closed; called before every hello (see _welcome).
+        """Note connections that closed; called before every hello is accepted.
 
         Their clients stay members until :meth:`_forget_closed`: messages they sent before
         closing may still be queued on the ROUTER.
@@ -356,106 +457,226 @@ class ZmqHub(Hub):
                 return
             fd = int(event["value"])
             ident = self._on_fd.pop(fd, None)  # now, as a new connection may reuse the fd
-            if ident is not None and self._fd_of.get(ident) == fd:
-                self._closing.append((ident, fd))
+            peer = None if ident is None else self._peers.get(ident)
+            if peer is not None and peer.fd == fd:
+                self._closing.append(peer)
 
     def _forget_closed(self, n: int) -> None:
         """The first ``n`` closed connections' clients leave, unless they said goodbye or
         reconnected meanwhile; call only once the ROUTER was read empty after noting them."""
         closed, self._closing = self._closing[:n], self._closing[n:]
-        for ident, fd in closed:
-            if self._fd_of.get(ident) == fd:
-                del self._fd_of[ident]
-                self._readers.pop(ident, None)
-                self._left(_peer_name(ident), "connection lost")
+        for peer in closed:
+            if self._peers.get(peer.ident) is peer:
+                self._end(peer, "connection lost")
 
     def _on_message(self, ident: bytes, frames: list[zmq.Frame]) -> None:
-        cid = _peer_name(ident)
-        reader = self._readers.get(ident)
-        if reader is None:
-            reader = self._readers[ident] = _Reassembler(self.limits)
+        peer = self._peers.get(ident)
+        reader = peer.reader if peer is not None else self._stranger(ident)
         for event in reader.feed(frames):
             if isinstance(event, WireError):
-                self._rejected(cid, event)
-            elif event.kind == "hello":
-                self._welcome(ident, cid, event, frames[-1].get(zmq.SRCFD))
-            elif event.kind == "data":
-                if cid in self._members:
-                    self._delivered(cid, event)
-                else:
-                    log.warning("zmq: %r sent data without a hello; told it to reconnect", cid)
-                    self._send_control(ident, "bye")
-            elif event.kind == "bye":
-                self._readers.pop(ident, None)
-                self._on_fd.pop(self._fd_of.pop(ident, -1), None)
-                self._left(cid, "said goodbye")
+                self._rejected(peer.client_id if peer else self._who(ident, frames), event)
+            elif peer is None:
+                peer = self._open(ident, event, frames, reader)
             else:
-                log.debug("zmq: ignoring %r message from %r", event.kind, cid)
-        if ident not in self._fd_of and not reader.in_message:
-            self._readers.pop(ident, None)  # strangers keep no state between their messages
+                outcome = peer.session.receive(event)
+                if isinstance(outcome, Data):
+                    self._delivered(peer.client_id, event)
+                elif isinstance(outcome, Closed):
+                    self._end(peer, outcome.reason)
+                    peer = None
+                else:
+                    log.debug("zmq: %r: %s", peer.client_id, outcome)
+        if peer is None and not reader.in_message:
+            self._strangers.pop(ident, None)  # strangers keep no state between their messages
 
-    def _welcome(self, ident: bytes, cid: str, hello: Message, fd: int) -> None:
+    def _stranger(self, ident: bytes) -> _Reassembler:
+        """The reader of a peer without a session: a stranger's first message is read under
+        HELLO_LIMITS, and at most MAX_STRANGERS unfinished ones are kept."""
+        reader = self._strangers.get(ident)
+        if reader is None:
+            if len(self._strangers) >= MAX_STRANGERS:
+                oldest = next(iter(self._strangers))
+                del self._strangers[oldest]
+                self._rejected(
+                    f"routing id {_peer_name(oldest)}",
+                    TruncatedMessage("dropped its unfinished message: too many strangers at once"),
+                )
+            reader = self._strangers[ident] = _Reassembler(HELLO_LIMITS)
+        return reader
+
+    @staticmethod
+    def _who(ident: bytes, frames: list[zmq.Frame]) -> str:
+        """A peer without a session, for logs: its address and routing id."""
         try:
-            claimed, decoders = parse_hello(hello)
-            if claimed != cid:
-                raise TransportError(f"hello names {claimed!r} but the ZeroMQ identity is {cid!r}")
-        except TransportError as exc:
-            log.warning("zmq: refused %r: %s", cid, exc)
-            self._send_control(ident, "bye")
-            return
-        # Closed connections first: the fd of this hello may have been another client's.
-        self._read_monitor()
-        self._on_fd.pop(self._fd_of.get(ident, -1), None)
-        self._fd_of[ident], self._on_fd[fd] = fd, ident
-        self._send_control(
-            ident, "welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION}
+            address = frames[0].get("Peer-Address")
+        except zmq.ZMQError:
+            address = "?"
+        return f"{address} (routing id {_peer_name(ident)})"
+
+    def _open(
+        self, ident: bytes, msg: Message, frames: list[zmq.Frame], reader: _Reassembler
+    ) -> _Peer | None:
+        """Act on a message from a routing id without a session: welcome a valid hello (and
+        return the new member), refuse a bad one, answer anything else with bye."""
+        who = self._who(ident, frames)
+        if msg.kind != "hello":
+            self._rejected(who, SessionRefused(f"a {msg.kind!r} message outside a session"))
+            if msg.kind != "bye":
+                self._say(ident, bye("no session on this connection: say hello first"), "bye")
+            return None
+        options = self._session_options()
+        authenticate = options["authenticate"]
+
+        def check(hello: Hello, tls_name: str | None) -> tuple[Mapping[str, Any], bytes | None]:
+            if hello.session.encode() != ident or len(hello.session) < MIN_SESSION_CHARS:
+                raise SessionRefused(
+                    f"the ZeroMQ routing id must be the hello's session id, {MIN_SESSION_CHARS} "
+                    f"or more random characters (routing id {_peer_name(ident)!r}, session "
+                    f"{hello.session!r})"
+                )
+            return ({}, None) if authenticate is None else authenticate(hello, tls_name)
+
+        session = HubSession(**{**options, "authenticate": check})
+        try:
+            session.receive(msg)
+        except SessionRefused as exc:
+            self._say(ident, session.refusal(exc), "refuse")
+            self._refused(who, exc)
+            return None
+        hello = session.hello
+        assert hello is not None
+        self._read_monitor()  # closed connections first: the fd of this hello may be reused
+        if not self._say(ident, session.welcome(), "welcome"):
+            self._refused(who, TransportError("its queue is full: it reads nothing"))
+            return None
+        self._strangers.pop(ident, None)
+        reader.set_limits(self.limits)  # a member: its messages may be as large as ours
+        peer = _Peer(hello.client_id, ident, frames[-1].get(zmq.SRCFD), session, reader)
+        with self._lock:
+            old = self._route.get(peer.client_id)
+            self._route[peer.client_id] = ident
+        if old is not None:
+            self._peers.pop(old, None)  # its later messages get a bye: the session is over
+        self._peers[ident] = peer
+        self._on_fd[peer.fd] = ident
+        self._joined(
+            peer.client_id,
+            hello.decoders,
+            session=peer,
+            max_message_bytes=hello.max_message_bytes,
         )
-        self._joined(cid, decoders)
+        return peer
 
-    def _send_control(self, ident: bytes, kind: str, meta: dict[str, Any] | None = None) -> None:
-        try:
-            self._queue(ident, control_message(kind, meta or {}))
-        except TransportError as exc:
-            log.info("zmq: could not send %s to %r: %s", kind, _peer_name(ident), exc)
+    def _end(self, peer: _Peer, reason: str) -> None:
+        """``peer``'s session is over (it said goodbye, or its connection closed)."""
+        del self._peers[peer.ident]
+        if self._on_fd.get(peer.fd) == peer.ident:
+            del self._on_fd[peer.fd]
+        with self._lock:
+            if self._route.get(peer.client_id) == peer.ident:
+                del self._route[peer.client_id]
+        self._left(peer.client_id, reason, session=peer)
+
+    def _say(self, ident: bytes, enc: EncodedMessage, what: str) -> bool:
+        """Queue a control message if the peer's queue has room (never waits: the reader
+        thread sends these); False if it could not."""
+        trackers: list[zmq.MessageTracker] = []
+        with self._lock:
+            try:
+                queued = not self._stopping and all(
+                    _queue_piece(self._router, piece, trackers, ident) for piece in _pieces(enc)
+                )
+                why = "its queue is full"
+            except zmq.ZMQError as exc:
+                queued, why = False, str(exc)
+            finally:
+                self._check_readable()
+        if not queued:  # debug: a stranger's junk is logged (rate-limited) by _rejected
+            log.debug("zmq: could not send %s to %s: %s", what, _peer_name(ident), why)
+        return queued
 
     # -- sending, from any thread ------------------------------------------------------
 
-    def _queue(self, ident: bytes, enc: EncodedMessage) -> list[zmq.MessageTracker]:
-        """Hand ``enc`` to libzmq for one client (never blocks for long); return its trackers."""
+    def _push(self, out: _Outbound, pieces: _SharedPieces) -> int:
+        """Queue ``out``'s next pieces until they are all queued or its queue is full; return
+        how many were queued. One hold of the ROUTER lock: the reader wakes once, not per piece.
+        """
+        queued = 0
         with self._lock:
             if self._stopping:
                 raise PeerGone("the hub is closed")
+            if out.ident is None:  # the client's session when the send began, for all pieces
+                out.ident = self._route.get(out.client_id)
+                if out.ident is None:
+                    raise PeerGone(f"client {out.client_id!r} is not connected")
             try:
-                return _transmit(self._router, enc, (ident,))
+                while (piece := pieces.get(out.next)) is not None:
+                    if not _queue_piece(self._router, piece, out.trackers, out.ident):
+                        return queued
+                    out.next += 1
+                    queued += 1
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:
-                    raise PeerGone(f"client {_peer_name(ident)!r} is not connected") from None
-                raise TransportError(f"zmq: sending to {_peer_name(ident)!r}: {exc}") from None
+                    raise PeerGone(f"client {out.client_id!r} is not connected") from None
+                raise TransportError(f"zmq: sending to {out.client_id!r}: {exc}") from None
             finally:
                 self._check_readable()
+        out.done = True
+        return queued
+
+    def _deliver(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """Queue ``enc`` for every client, round robin so that a full queue (a slow client)
+        holds up only its own send, then wait until libzmq released each one's zero-copy
+        frames. Returns each client's seconds from the start, or the error its send ended with.
+        """
+        t = time.perf_counter()
+        results: dict[str, float | Exception] = {}
+        pending = [_Outbound(c) for c in clients]
+        queued: list[_Outbound] = []
+        pieces = _SharedPieces(enc)
+        nap = FULL_WAIT_S[0]
+        while pending:
+            progressed = False
+            for out in pending:
+                try:
+                    progressed = self._push(out, pieces) > 0 or progressed
+                except TransportError as exc:
+                    results[out.client_id] = exc
+            queued += [out for out in pending if out.done]
+            pending = [out for out in pending if not out.done and out.client_id not in results]
+            left = remaining(deadline)
+            if not pending:
+                break
+            if left == 0.0:
+                for out in pending:
+                    results[out.client_id] = TransportTimeout(
+                        f"client {out.client_id!r} took no more messages within the timeout "
+                        f"(its queue of {QUEUE_PIECES} pieces stayed full: sent "
+                        f"{out.next} of the message's pieces)"
+                    )
+                break
+            nap = FULL_WAIT_S[0] if progressed else min(2 * nap, FULL_WAIT_S[1])
+            _wait_for_room(pending, nap, left)
+        for out in queued:
+            try:
+                _wait_released(out.trackers[out.released :], deadline, repr(out.client_id))
+                results[out.client_id] = time.perf_counter() - t
+            except TransportError as exc:
+                results[out.client_id] = exc
+        return results
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
-        _wait_released(self._queue(client_id.encode(), enc), deadline, repr(client_id))
+        result = self._deliver([client_id], enc, deadline)[client_id]
+        if isinstance(result, Exception):
+            raise result
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
-        """Queue the message for every client at once; libzmq's I/O thread writes them all."""
-        t = time.perf_counter()
-        results: dict[str, float | Exception] = {}
-        queued = []
-        for c in clients:
-            try:
-                queued.append((c, self._queue(c.encode(), enc)))
-            except TransportError as exc:
-                results[c] = exc
-        for c, trackers in queued:
-            try:
-                _wait_released(trackers, deadline, repr(c))
-                results[c] = time.perf_counter() - t
-            except TransportError as exc:
-                results[c] = exc
-        return results
+        """Queue the message for every client from this thread; libzmq's I/O thread writes."""
+        return self._deliver(clients, enc, deadline)
 
     def _close_transport(self) -> None:
         with self._lock:
@@ -465,11 +686,12 @@ class ZmqHub(Hub):
         if self._io.is_alive():
             log.error("zmq: the hub's reader thread did not stop; leaving its sockets open")
             return
-        bye = control_message("bye", {})
+        goodbye = next(_pieces(bye("the hub is closing")))
+        trackers: list[zmq.MessageTracker] = []
         with self._lock:
-            for ident in list(self._fd_of):
-                with contextlib.suppress(zmq.ZMQError):
-                    _transmit(self._router, bye, (ident,))
+            for ident in self._peers:
+                with contextlib.suppress(zmq.ZMQError):  # gone, or its queue is full
+                    _queue_piece(self._router, goodbye, trackers, ident)
         self._router.disable_monitor()
         self._monitor.close(linger=0)
         self._router.close(linger=int(BYE_TIMEOUT * 1000))
@@ -496,12 +718,6 @@ class ZmqChannel(Channel):
         super().__init__(codec, checksum, limits)
         self.url = url
         self.client_id = client_id or default_client_id()
-        self._identity = self.client_id.encode()
-        if not 0 < len(self._identity) <= 255 or self._identity[:1] == b"\0":
-            raise ValueError(
-                f"client id {self.client_id!r} cannot be a ZeroMQ identity: it needs 1 to 255 "
-                "bytes of UTF-8, not starting with NUL"
-            )
         self._host, self._port = host_port(url)
         self._cv = threading.Condition()
         self._busy = False  # a thread is using the sockets
@@ -511,15 +727,42 @@ class ZmqChannel(Channel):
         self.reconnect(timeout)
 
     def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)connect to the hub and say hello with the same client id."""
+        """(Re)connect to the hub and say hello with the same client id, in a new session."""
         if not self._closed:
             self._drop()
-        deadline = deadline_after(timeout)
+        welcome = dial(self._open, what=f"the hub at {self.url}", timeout=timeout)
+        self.hub_decoders = welcome.decoders
+        self.hub_max_bytes = welcome.max_message_bytes
+
+    def _open(self, deadline: float | None) -> Welcomed:
+        """One attempt: a DEALER whose routing id is a new session's id, its hello, the
+        hub's welcome. ``TransportTimeout`` if no connection within CONNECT_ATTEMPT_S."""
+        session = self._client_session(f"the hub at {self.url}")
+        self._start(session.session.encode())
+        try:
+            attempt = deadline_after(CONNECT_ATTEMPT_S)
+            with self._owning():
+                try:
+                    self._wait_writable(attempt if deadline is None else min(deadline, attempt))
+                except TransportTimeout:
+                    raise TransportTimeout(f"no connection to {self.url} yet") from None
+            self._send_encoded(session.hello(), deadline)
+            welcome = session.receive(self._next_message(deadline, None))
+            while not isinstance(welcome, Welcomed):  # a welcome for an earlier session
+                welcome = session.receive(self._next_message(deadline, None))
+        except BaseException:
+            self._drop()
+            raise
+        self._session = session
+        return welcome
+
+    def _start(self, routing_id: bytes) -> None:
+        """New sockets, connecting to the hub (in the background: libzmq retries)."""
         with self._owning():
             self._ctx = zmq.Context()
             self._dealer = self._ctx.socket(zmq.DEALER)
             _configure(self._dealer, self._host)
-            self._dealer.identity = self._identity
+            self._dealer.routing_id = routing_id
             self._dealer.immediate = 1  # nothing queued for a connection that is not up
             self._monitor = self._dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             self._wake_r, self._wake_w = _waker()
@@ -534,24 +777,6 @@ class ZmqChannel(Channel):
             except zmq.ZMQError as exc:
                 self._teardown(0.0)
                 raise TransportError(f"cannot connect to {self.url}: {exc}") from None
-        try:
-            hello = {"client_id": self.client_id, "decoders": self.decoders}
-            self._send_encoded(
-                control_message("hello", {**hello, "version": PROTOCOL_VERSION}), deadline
-            )
-            welcome = self._next_message(deadline, None)
-        except TransportTimeout:
-            self._drop()
-            raise TransportTimeout(
-                f"no ZeroMQ hub answered at {self.url} within {timeout} s"
-            ) from None
-        except (WireError, TransportError):
-            self._drop()
-            raise
-        if welcome.kind != "welcome":
-            self._drop()
-            raise TransportError(f"hub at {self.url} answered {welcome.kind!r} instead of welcome")
-        self.hub_decoders = frozenset(welcome.meta.get("decoders", []))
 
     # -- one thread at a time on the sockets -------------------------------------------
 
@@ -601,19 +826,18 @@ class ZmqChannel(Channel):
     # -- sending -----------------------------------------------------------------------
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
+        trackers: list[zmq.MessageTracker] = []
+        # The sockets stay ours until the last piece is queued: another sender's pieces
+        # must not come between them.
         with self._owning():
             self._check_usable()
-            self._wait_connected(deadline)
-            try:
-                trackers = _transmit(self._dealer, enc)
-            except zmq.Again:  # with IMMEDIATE only a lost connection refuses a part
-                self._lost = True
-                raise PeerGone(
-                    f"lost the connection to the hub at {self.url} while sending"
-                ) from None
+            for piece in _pieces(enc):
+                while not _queue_piece(self._dealer, piece, trackers):
+                    self._wait_writable(deadline)
         _wait_released(trackers, deadline, "the hub")
 
-    def _wait_connected(self, deadline: float | None) -> None:
+    def _wait_writable(self, deadline: float | None) -> None:
+        """Wait until the DEALER takes a message: connected, and its queue not full."""
         if self._dealer.get(_EVENTS) & _POLLOUT:
             return
         poller = zmq.Poller()
@@ -626,18 +850,23 @@ class ZmqChannel(Channel):
             self._read_monitor()
             self._check_usable()
             if remaining(deadline) == 0.0:
-                raise TransportTimeout(f"not connected to the hub at {self.url} within the timeout")
+                raise TransportTimeout(
+                    f"the hub at {self.url} took no message within the timeout (not connected, "
+                    f"or its queue of {QUEUE_PIECES} pieces stayed full)"
+                )
 
     # -- receiving ---------------------------------------------------------------------
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         while True:
             msg = self._next_message(deadline, out)
-            if msg.kind == "data":
+            event = self._session.receive(msg)
+            if isinstance(event, Data):
                 return msg
-            if msg.kind == "bye":
+            if isinstance(event, Closed):
                 self._drop()
-                raise PeerGone(f"hub at {self.url} closed the session")
+                raise self._session.closed_error()
+            log.debug("zmq: from the hub at %s: %s", self.url, event)
 
     def _next_message(self, deadline: float | None, out: Any) -> Message:
         """The next message of any kind; its WireError if it was malformed."""
@@ -692,6 +921,6 @@ class ZmqChannel(Channel):
             linger = 0.0
             if not self._lost:
                 with contextlib.suppress(zmq.ZMQError):
-                    _transmit(self._dealer, control_message("bye", {}))
-                    linger = BYE_TIMEOUT
+                    if _queue_piece(self._dealer, next(_pieces(bye())), []):
+                        linger = BYE_TIMEOUT
             self._teardown(linger)
