@@ -5,7 +5,9 @@ addresses it is reached by (``hub.pem``, ``hub.key``), and per device a certific
 common name is its client id (``<id>.pem``, ``<id>.key``) and a 32-byte secret
 (``<id>.secret``, hex), plus ``keys.json`` (every device's secret, what the hub loads with
 ``tensorwire.Keys.load``) and, for ``zmq+tcp://``, CURVE key pairs (``hub.curve`` and
-``<id>.curve``, when pyzmq is installed). Private keys are written mode 0600.
+``<id>.curve``: public key, then secret key, Z85, one per line) and the hub's public key alone
+for the devices (``hub.curve.pub``), when pyzmq is installed. Private keys are written mode
+0600.
 """
 
 from __future__ import annotations
@@ -162,3 +164,5 @@ def _write_curve_keys(out: Path, clients: Sequence[str]) -> None:
             continue  # clients already trust this hub's public key
         public, secret = zmq.curve_keypair()
         _write(path, public + b"\n" + secret + b"\n", private=True)
+        if name == "hub":
+            _write(out / "hub.curve.pub", public + b"\n")
