@@ -112,6 +112,20 @@ def _print_rounds(rows: list[dict]) -> None:
     )
 
 
+Certs = Annotated[
+    Path | None,
+    typer.Option(
+        help="Directory from `tensorwire certs`: TLS and enrolled per-device keys (the hub "
+        "needs hub.pem, hub.key, ca.pem, keys.json; a device ca.pem and its ID.pem, ID.key, "
+        "ID.secret)."
+    ),
+]
+
+
+def _device_ids(n: int) -> list[str]:
+    return [f"device-{i}" for i in range(1, n + 1)]
+
+
 @fl_app.command("run")
 def run_cmd(
     protocol: Annotated[str, typer.Option(help="tcp, or any registered transport.")] = "tcp",
@@ -132,6 +146,13 @@ def run_cmd(
     error_feedback: ErrorFeedback = True,
     downlink: Downlink = "none",
     out: Out = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            help="Enrol the devices (tensorwire certs into OUT/certs) and run over TLS with "
+            "per-device keys."
+        ),
+    ] = False,
 ) -> None:
     """Run a server here and the devices as local processes, with a progress bar."""
     from tensorwire.bench.progress import progress_bar
@@ -139,9 +160,17 @@ def run_cmd(
 
     cfg = _config(locals())
     out = out or Path("results") / f"fl-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
+    certs = None
+    if secure:
+        from tensorwire.transports.certs import make_certs
+
+        certs = out / "certs"
+        make_certs(certs, hosts=["127.0.0.1", "localhost"], clients=_device_ids(cfg.clients))
     with progress_bar() as bar:
         task = bar.add_task(f"FedAvg over {protocol}", total=cfg.rounds)
-        result, path = run_local(cfg, protocol, out_dir=out, on_round=lambda row: bar.advance(task))
+        result, path = run_local(
+            cfg, protocol, out_dir=out, on_round=lambda row: bar.advance(task), certs=certs
+        )
     _print_rounds(result.rounds)
     console.print(f"results: {path}")
 
@@ -170,6 +199,7 @@ def server_cmd(
         float, typer.Option(help="Seconds to wait for a round's updates.")
     ] = 600.0,
     out: Out = None,
+    certs: Certs = None,
     progress: Annotated[
         Path | None,
         typer.Option(help="Append JSON lines to this file: ready (hub URL), each round, done."),
@@ -199,7 +229,7 @@ def server_cmd(
         if events:
             events.round(row)
 
-    result = run_server(url, cfg, on_ready=ready, on_round=round_done)
+    result = run_server(url, cfg, on_ready=ready, on_round=round_done, certs=certs)
     _print_rounds(result.rounds)
     out = out or Path("results") / f"fl-server-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"results: {write_run(result, out, {'url': url})}")
@@ -215,11 +245,12 @@ def client_cmd(
         float, typer.Option(help="Seconds to wait for the server each round.")
     ] = 600.0,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
+    certs: Certs = None,
 ) -> None:
     """Join the server at URL as device ID and train until it says done."""
     from tensorwire.fl.client import run_client
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     client_id = f"device-{id}" if id.isdigit() else id
-    rounds = run_client(url, client_id, timeout=timeout, threads=threads)
+    rounds = run_client(url, client_id, timeout=timeout, threads=threads, certs=certs)
     console.print(f"{client_id}: trained {rounds} rounds")

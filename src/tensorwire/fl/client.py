@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from tensorwire.fl.fedavg import StateDict, model_update
 from tensorwire.fl.models import build_model
 from tensorwire.fl.records import transfer_rows
 from tensorwire.fl.train import load_numpy_state, state_to_numpy, train_local
+from tensorwire.transports.security import credentials_from_dir
 
 log = logging.getLogger("tensorwire.fl")
 
@@ -67,18 +69,27 @@ class _Device:
         return model_update(state_to_numpy(self.model), self.global_state), result
 
 
-def run_client(url: str, client_id: str, *, timeout: float = 600.0, threads: int = 1) -> int:
+def run_client(
+    url: str,
+    client_id: str,
+    *,
+    timeout: float = 600.0,
+    threads: int = 1,
+    certs: str | Path | None = None,
+) -> int:
     """Take part in rounds until the server says done; return the number of rounds trained.
 
     The run's settings (data set, model, compressor ...) come from the server with the first
     global model, so every device trains the same way. ``threads`` caps torch's CPU threads.
+    ``certs``: a directory holding this device's files from ``tensorwire certs``.
     A failure is reported to the server (so its error names this device), then raised.
     """
     torch.set_num_threads(threads)
     device = _Device(client_id)
     rows: list[dict[str, Any]] = []
     rounds = 0
-    ch = tensorwire.connect(url, client_id=client_id, codec=None, timeout=timeout)
+    security = credentials_from_dir(certs, "channel", client_id) if certs else {}
+    ch = tensorwire.connect(url, client_id=client_id, codec=None, timeout=timeout, **security)
     try:
         while True:
             try:

@@ -14,8 +14,9 @@ from tensorwire.fl.server import RunResult, run_server
 from tensorwire.transports.local import local_hub_url
 
 
-def device_command(url: str, device: int, timeout: float) -> list[str]:
+def device_command(url: str, device: int, timeout: float, certs: Path | None = None) -> list[str]:
     """The command line of one device process."""
+    secured = ["--certs", str(certs)] if certs else []
     return [
         sys.executable,
         "-m",
@@ -28,6 +29,7 @@ def device_command(url: str, device: int, timeout: float) -> list[str]:
         str(device),
         "--timeout",
         str(timeout),
+        *secured,
     ]
 
 
@@ -38,11 +40,14 @@ def run_local(
     out_dir: Path | None = None,
     on_round: Any = None,
     log_dir: Path | None = None,
+    certs: Path | None = None,
 ) -> tuple[RunResult, Path | None]:
     """Run the server in this process and ``cfg.clients`` devices as subprocesses.
 
     Device output goes to ``log_dir/device-N.log`` (default: ``out_dir/logs``). Devices are
-    stopped, whatever happens. Returns the result and the results directory (if ``out_dir``).
+    stopped, whatever happens. ``certs``: run secured with the files of ``tensorwire certs``
+    there (the devices are ``device-1`` ...). Returns the result and the results directory
+    (if ``out_dir``).
     """
     procs: list[subprocess.Popen[bytes]] = []
     logs = log_dir or (out_dir / "logs" if out_dir else None)
@@ -54,7 +59,7 @@ def run_local(
             sink = (logs / f"device-{i}.log").open("wb") if logs else subprocess.DEVNULL
             procs.append(
                 subprocess.Popen(
-                    device_command(hub_url, i, cfg.round_timeout),
+                    device_command(hub_url, i, cfg.round_timeout, certs),
                     stdout=sink,
                     stderr=subprocess.STDOUT,
                 )
@@ -63,7 +68,7 @@ def run_local(
     started = time.time()
     try:
         with local_hub_url(protocol) as url:
-            result = run_server(url, cfg, on_round=on_round, on_ready=spawn)
+            result = run_server(url, cfg, on_round=on_round, on_ready=spawn, certs=certs)
             served_at = url
     finally:
         deadline = time.monotonic() + 30
@@ -75,5 +80,10 @@ def run_local(
                 p.wait()
     if out_dir is None:
         return result, None
-    extra = {"protocol": protocol, "url": served_at, "seconds": time.time() - started}
+    extra = {
+        "protocol": protocol,
+        "url": served_at,
+        "seconds": time.time() - started,
+        "secured": certs is not None,
+    }
     return result, write_run(result, out_dir, extra)

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from tensorwire.fl.fedavg import StateDict, apply_update, fedavg
 from tensorwire.fl.models import build_model
 from tensorwire.fl.records import transfer_rows
 from tensorwire.fl.train import evaluate, load_numpy_state, state_to_numpy
+from tensorwire.transports.security import credentials_from_dir
 
 log = logging.getLogger("tensorwire.fl")
 
@@ -46,11 +48,14 @@ def run_server(
     *,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     on_ready: Callable[[str], None] | None = None,
+    certs: str | Path | None = None,
 ) -> RunResult:
     """Serve ``cfg.rounds`` rounds of FedAvg to ``cfg.clients`` devices at ``url``.
 
     ``on_ready(hub_url)`` is called once the hub listens (with the real port), ``on_round(row)``
-    after each round. Raises :class:`FLError` naming the device when one leaves or times out.
+    after each round. ``certs``: a directory from ``tensorwire certs``; only the devices
+    enrolled there may join, over TLS. Raises :class:`FLError` naming the device when one
+    leaves or times out.
     """
     torch.manual_seed(cfg.seed)
     data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed)
@@ -58,10 +63,12 @@ def run_server(
     global_state = state_to_numpy(model)
     result = RunResult(cfg)
     departures: dict[str, str] = {}
+    security = credentials_from_dir(certs, "hub") if certs else {}
     with tensorwire.serve(
         url,
         codec=downlink_codec(cfg),
         on_leave=lambda cid, reason: departures.setdefault(cid, reason),
+        **security,
     ) as hub:
         if on_ready:
             on_ready(hub.url)

@@ -387,3 +387,33 @@ def split_security_options(url: str, role: str) -> tuple[str, dict[str, Any]]:
     if wrong in ours:
         raise TransportError(f"{wrong}= is for the {'client' if role == 'hub' else 'hub'}")
     return url, kwargs
+
+
+def credentials_from_dir(
+    directory: str | os.PathLike[str], role: str, client_id: str | None = None
+) -> dict[str, Any]:
+    """The ``serve`` (role ``hub``) or ``connect`` (``channel``, for ``client_id``) keyword
+    arguments for the files ``tensorwire certs`` wrote into ``directory``: mutual TLS with its
+    CA, and the enrolled keys (hub) or the device's secret (client)."""
+    d = Path(directory)
+    if role == "hub":
+        names = {"cert": "hub.pem", "key": "hub.key", "ca": "ca.pem", "keys": "keys.json"}
+    elif client_id is not None:
+        names = {
+            "cert": f"{client_id}.pem",
+            "key": f"{client_id}.key",
+            "ca": "ca.pem",
+            "secret": f"{client_id}.secret",
+        }
+    else:
+        raise ValueError("a client's credentials need its client_id")
+    missing = [n for n in names.values() if not (d / n).is_file()]
+    if missing:
+        raise AuthenticationError(
+            f"{d} lacks {', '.join(missing)}: make them with `tensorwire certs --out {d}`"
+            + (f" --clients {client_id}" if client_id else "")
+        )
+    tls = TLS(cert=d / names["cert"], key=d / names["key"], ca=d / names["ca"])
+    if role == "hub":
+        return {"tls": tls, "auth": Keys.load(d / names["keys"])}
+    return {"tls": tls, "key": d / names["secret"]}
