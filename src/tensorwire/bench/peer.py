@@ -10,12 +10,17 @@ baseline ``tensorwire.bench.baselines.MODULE``.
 from __future__ import annotations
 
 import os
-import resource
 import sys
 
 
 def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    """This process's own peak resident memory (VmHWM), bytes. Not ``ru_maxrss``: a child
+    started by ``subprocess`` inherits its parent's, which can be far larger."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _rss_bytes() -> int:

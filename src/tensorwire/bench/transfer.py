@@ -5,7 +5,9 @@ here from the start of the send to the ack. tensorwire trials send through a hub
 that decodes into the previous message's arrays (``recv(out=...)``); baseline trials use a
 library directly, the way its users do (``tensorwire.bench.baselines``): a raw socket doing
 ``sendall`` / ``recv_into`` a reused buffer, pyzmq with ``copy=False``, pyarrow Flight, paho +
-Mosquitto, pika + RabbitMQ.
+Mosquitto, pika + RabbitMQ. With ``tls``, every transport also runs secured (TLS or the
+transport's own encryption, and enrolled device keys: ``tensorwire certs``), compared with the
+same transport unsecured (``vs_baseline`` = plain time / secured time).
 
 All trials of a case alternate, so a slow spell of the machine hits all of them alike;
 ``vs_baseline`` is the median over those rounds of baseline time / tensorwire time (> 1: faster
@@ -21,9 +23,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +37,7 @@ from tensorwire.bench import baselines
 from tensorwire.bench.progress import progress_bar
 from tensorwire.transports.local import local_hub_url
 from tensorwire.transports.registry import get_transport
+from tensorwire.transports.security import credentials_from_dir
 
 GSOC_DTYPES = ("float16", "float32", "float64")
 GSOC_SHAPES = ((100, 100), (200, 200), (500, 500), (1000, 1000), (3000, 3000))
@@ -86,7 +91,11 @@ class TransferRig:
     """Hubs for the chosen transports and senders for the chosen baselines, each with a receiver."""
 
     def __init__(
-        self, transports: Iterable[str], baseline_modules: Iterable[str], codec: Any = "auto"
+        self,
+        transports: Iterable[str],
+        baseline_modules: Iterable[str],
+        codec: Any = "auto",
+        certs: Path | None = None,
     ) -> None:
         self._stack = contextlib.ExitStack()
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -96,6 +105,8 @@ class TransferRig:
                 self._add_baseline(module)
             for transport in transports:
                 self._add_transport(transport, codec)
+                if certs is not None:
+                    self._add_transport(transport, codec, certs)
         except BaseException:
             self.close()
             raise
@@ -107,10 +118,19 @@ class TransferRig:
         self._procs.append(spawn_peer("baseline", module, *sender.receiver_args))
         self.trials.append(TransferTrial(mod.NAME, sender.once))
 
-    def _add_transport(self, transport: str, codec: Any) -> None:
-        url = self._stack.enter_context(local_hub_url(transport))
-        hub = self._stack.enter_context(tensorwire.serve(url, codec=codec))
-        self._procs.append(spawn_peer("tw", hub.url, "bench-peer", "reuse"))
+    def _add_transport(self, transport: str, codec: Any, certs: Path | None = None) -> None:
+        url = self._stack.enter_context(local_hub_url(transport, secure=certs))
+        security = credentials_from_dir(certs, "hub") if certs else {}
+        hub = self._stack.enter_context(tensorwire.serve(url, codec=codec, **security))
+        peer_url = hub.url
+        if certs is not None:
+            d = credentials_from_dir(certs, "channel", "bench-peer")
+            sep = "&" if "?" in peer_url else "?"
+            peer_url += (
+                f"{sep}ca={d['tls'].ca}&cert={d['tls'].cert}&certkey={d['tls'].key}"
+                f"&secret={d['key']}"
+            )
+        self._procs.append(spawn_peer("tw", peer_url, "bench-peer", "reuse"))
         hub.wait_for(1, timeout=120)
 
         def once(arr: np.ndarray) -> float:
@@ -120,6 +140,9 @@ class TransferRig:
             return time.perf_counter() - t
 
         entry = get_transport(transport)
+        if certs is not None:  # compared with the same transport unsecured
+            self.trials.append(TransferTrial(f"{entry.label}+tls", once, entry.label))
+            return
         names = {t.name for t in self.trials}
         base = baselines.load(entry.baseline).NAME if entry.baseline else None
         self.trials.append(TransferTrial(entry.label, once, base if base in names else None))
@@ -205,14 +228,23 @@ def bench_transfer(
     repeat: int = 7,
     big_mib: int = 128,
     codec: Any = "auto",
+    tls: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run the GSoC table and the big-tensor throughput case; one row per (case, trial)."""
+    """Run the GSoC table and the big-tensor throughput case; one row per (case, trial).
+
+    ``tls``: also run every transport secured (certificates made for the run)."""
     cases = [("gsoc", dt, tuple(sh)) for dt in dtypes for sh in shapes]
     if big_mib:
         cases.append(("throughput", "float32", (big_mib << 18,)))  # big_mib MiB of float32
     rows: list[dict[str, Any]] = []
-    with pinned_sender(), progress_bar() as bar:
-        rig = TransferRig(transports, baseline_modules, codec)
+    with contextlib.ExitStack() as stack, pinned_sender(), progress_bar() as bar:
+        certs = None
+        if tls:
+            from tensorwire.transports.certs import make_certs
+
+            certs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tw-certs-")))
+            make_certs(certs, hosts=["127.0.0.1", "localhost"], clients=["bench-peer"])
+        rig = TransferRig(transports, baseline_modules, codec, certs)
         try:
             task = bar.add_task("transfer", total=len(cases))
             for case, dtype, shape in cases:

@@ -115,6 +115,13 @@ def bench_transfer_cmd(
     codec: Annotated[
         str, typer.Option(help="tensorwire codec: auto, none, lz4, zstd, ...")
     ] = "auto",
+    tls: Annotated[
+        bool,
+        typer.Option(
+            help="Also run every transport secured (TLS or its own encryption + device keys) "
+            "and compare with it unsecured."
+        ),
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
 ) -> None:
     """Every transport vs the libraries used directly: GSoC table, throughput, receiver memory."""
@@ -136,6 +143,7 @@ def bench_transfer_cmd(
         repeat=repeat,
         big_mib=big_mib,
         codec=None if codec.lower() in ("none", "raw") else codec,
+        tls=tls,
     )
     cols = [
         "case",

@@ -84,7 +84,7 @@ class TLS:
         return self.ca is not None and self.cert is not None
 
 
-def peer_common_name(sock: ssl.SSLSocket | ssl.SSLObject) -> str | None:
+def peer_common_name(sock: Any) -> str | None:
     """The common name of the verified certificate the peer presented, if any."""
     cert = sock.getpeercert()
     if not cert:

@@ -5,19 +5,23 @@ never changes the socket's flags (``settimeout`` would: it makes the shared file
 non-blocking, and the other thread's blocking call then fails with EAGAIN); a call with a
 deadline tries once with ``MSG_DONTWAIT`` and waits in ``poll`` when the kernel is not ready.
 
-A TLS socket (:func:`wrap_tls`) is non-blocking instead, and every call into its SSL object
-holds the socket's lock (OpenSSL does not allow two threads in one connection at once); the
-threads wait for readiness in ``poll``, outside the lock.
+A TLS connection is a :class:`TlsStream`: TLS 1.3 through memory BIOs over such a socket.
+One ``recv`` brings in many TLS records at once and the SSL object only does the crypto
+(Python's SSL socket reads one 16 KiB record per call, with two syscalls each, which caps it
+near 1 GB/s); every call into the SSL object holds a lock, as OpenSSL allows one thread in a
+connection at a time, and sends hold a second lock so records reach the wire in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import ssl
 import threading
 import time
+from typing import Any
 
 from tensorwire.errors import AuthenticationError, PeerGone, TransportError, TransportTimeout
 from tensorwire.wire import NEED_DATA, EncodedMessage, Message, MessageStream
@@ -44,21 +48,136 @@ def wait_ready(sock: socket.socket, events: int, deadline: float | None, what: s
             return
 
 
-class TlsSocket(ssl.SSLSocket):
-    """An :class:`ssl.SSLSocket` with the lock its SSL calls take (see the module doc)."""
-
-    lock: threading.Lock
+TLS_READ_BYTES = 1 << 20
+"""Ciphertext read from the socket at once (up to 64 records)."""
 
 
 def _tls_error(exc: ssl.SSLError, what: str) -> TransportError:
     """A TLS failure as the caller should see it: a refused certificate is an
     :class:`AuthenticationError` (final), anything else a lost connection."""
-    text = str(exc)
+    text = str(exc).upper()
     if isinstance(exc, ssl.SSLCertVerificationError):
         return AuthenticationError(f"{what}: the peer's certificate does not verify: {exc}")
-    if "CERTIFICATE" in text.upper() or "UNKNOWN_CA" in text.upper():
+    if "CERTIFICATE" in text or "UNKNOWN_CA" in text:
         return AuthenticationError(f"{what}: the peer refused this side's certificate: {exc}")
     return PeerGone(f"{what}: TLS connection lost: {exc}")
+
+
+class TlsStream:
+    """A TLS 1.3 connection over a connected, blocking TCP socket (see the module doc).
+
+    Behaves as far as the transports need like a socket: :meth:`shutdown`, :meth:`close`,
+    :meth:`getpeercert`; :func:`send_encoded` and :class:`StreamReader` take it.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        *,
+        server_side: bool,
+        server_hostname: str | None = None,
+    ) -> None:
+        self.sock = sock
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._obj = context.wrap_bio(
+            self._in, self._out, server_side=server_side, server_hostname=server_hostname
+        )
+        self._lock = threading.Lock()  # every call into the SSL object
+        self._wire = threading.Lock()  # flushes of ciphertext to the socket, in order
+        self._rbuf = bytearray(TLS_READ_BYTES)
+        self._rview = memoryview(self._rbuf)
+        self._eof = False
+
+    def handshake(self, deadline: float | None) -> None:
+        """Run the TLS handshake by ``deadline``."""
+        while True:
+            try:
+                with self._lock:
+                    self._obj.do_handshake()
+                self._flush(deadline)
+                return
+            except ssl.SSLWantReadError:
+                self._flush(deadline)
+                if not self._pull(deadline, "TLS handshake"):
+                    raise PeerGone(
+                        "the peer closed the connection during the TLS handshake"
+                    ) from None
+            except ssl.SSLError as exc:
+                with contextlib.suppress(TransportError, OSError):
+                    self._flush(deadline)  # the alert tells the peer why
+                raise _tls_error(exc, "TLS handshake") from None
+
+    def getpeercert(self) -> Any:
+        return self._obj.getpeercert()
+
+    def _flush(self, deadline: float | None) -> None:
+        with self._wire:
+            with self._lock:
+                data = self._out.read()
+            if data:
+                sendmsg_all(self.sock, [data], deadline)
+
+    def _pull(self, deadline: float | None, what: str) -> int:
+        """Move what the socket holds (waiting for it until ``deadline``) into the SSL
+        object; return the bytes moved, 0 at the end of the stream."""
+        flags = 0 if deadline is None else socket.MSG_DONTWAIT
+        while True:
+            try:
+                n = self.sock.recv_into(self._rview, 0, flags)
+            except BlockingIOError:
+                wait_ready(self.sock, select.POLLIN, deadline, what)
+                continue
+            except OSError as exc:
+                raise PeerGone(f"connection lost: {exc}") from None
+            if n:
+                with self._lock:
+                    self._in.write(self._rview[:n])
+            return n
+
+    def send_all(self, buffers: list, deadline: float | None) -> None:
+        """Encrypt and send every byte of ``buffers``."""
+        with self._wire:
+            for buf in buffers:
+                view = memoryview(buf).cast("B")
+                try:
+                    with self._lock:
+                        self._obj.write(view)
+                        data = self._out.read()
+                except ssl.SSLError as exc:
+                    raise _tls_error(exc, "send") from None
+                sendmsg_all(self.sock, [data], deadline)
+
+    def read_into(self, dst: memoryview, deadline: float | None) -> int:
+        """Decrypt into ``dst`` as much as has arrived (waiting for some until ``deadline``);
+        0 at the end of the stream."""
+        got, size = 0, len(dst)
+        while got < size:
+            try:
+                with self._lock:
+                    n = self._obj.read(size - got, dst[got:] if got else dst)
+            except ssl.SSLWantReadError:
+                if got:
+                    return got
+                if self._eof or not self._pull(deadline, "receive"):
+                    self._eof = True
+                    return 0
+                continue
+            except ssl.SSLZeroReturnError:
+                return got
+            except ssl.SSLError as exc:
+                raise _tls_error(exc, "receive") from None
+            if not n:
+                return got
+            got += n
+        return got
+
+    def shutdown(self, how: int) -> None:
+        self.sock.shutdown(how)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def wrap_tls(
@@ -68,58 +187,21 @@ def wrap_tls(
     server_side: bool,
     server_hostname: str | None = None,
     deadline: float | None = None,
-) -> TlsSocket:
-    """Run the TLS handshake on a connected socket by ``deadline``; return the TLS socket."""
-    tls = context.wrap_socket(
-        sock,
-        server_side=server_side,
-        server_hostname=server_hostname,
-        do_handshake_on_connect=False,
-    )
-    tls.setblocking(False)
-    while True:
-        try:
-            tls.do_handshake()
-            break
-        except ssl.SSLWantReadError:
-            wait_ready(tls, select.POLLIN, deadline, "TLS handshake")
-        except ssl.SSLWantWriteError:
-            wait_ready(tls, select.POLLOUT, deadline, "TLS handshake")
-        except ssl.SSLError as exc:
-            tls.close()
-            raise _tls_error(exc, "TLS handshake") from None
-        except OSError as exc:
-            tls.close()
-            raise PeerGone(f"connection lost during the TLS handshake: {exc}") from None
-    tls.__class__ = TlsSocket
-    tls.lock = threading.Lock()  # type: ignore[attr-defined]
-    return tls  # type: ignore[return-value]
-
-
-def _tls_send_all(sock: TlsSocket, buffers: list, deadline: float | None) -> None:
-    for buf in buffers:
-        view = memoryview(buf).cast("B")
-        while len(view):
-            try:
-                with sock.lock:
-                    n = sock.send(view)
-            except ssl.SSLWantWriteError:
-                wait_ready(sock, select.POLLOUT, deadline, "send")
-                continue
-            except ssl.SSLWantReadError:
-                wait_ready(sock, select.POLLIN, deadline, "send")
-                continue
-            except ssl.SSLError as exc:
-                raise _tls_error(exc, "send") from None
-            except OSError as exc:
-                raise PeerGone(f"connection lost: {exc}") from None
-            view = view[n:]
+) -> TlsStream:
+    """Run the TLS handshake on a connected socket by ``deadline``; return the connection."""
+    tls = TlsStream(sock, context, server_side=server_side, server_hostname=server_hostname)
+    try:
+        tls.handshake(deadline)
+    except BaseException:
+        sock.close()
+        raise
+    return tls
 
 
 def sendmsg_all(sock: socket.socket, buffers: list, deadline: float | None = None) -> None:
     """Send every byte of ``buffers`` with as few ``sendmsg`` calls as the kernel allows."""
-    if isinstance(sock, TlsSocket):
-        _tls_send_all(sock, buffers, deadline)
+    if isinstance(sock, TlsStream):
+        sock.send_all(buffers, deadline)
         return
     views = [memoryview(b) for b in buffers]
     flags = 0 if deadline is None else socket.MSG_DONTWAIT
@@ -159,7 +241,7 @@ class StreamReader:
         self.stream = stream
         self._staging = bytearray(STAGING_BYTES)
         self._staging_view = memoryview(self._staging)
-        self._tls = sock if isinstance(sock, TlsSocket) else None
+        self._tls = sock if isinstance(sock, TlsStream) else None
 
     def read_message(self, deadline: float | None = None) -> Message:
         """Block until the next whole message; ``WireError`` for a bad one, ``PeerGone`` at EOF.
@@ -193,7 +275,7 @@ class StreamReader:
                 where = " in the middle of a message" if stream.in_message else ""
                 raise PeerGone(f"peer closed the connection{where}")
 
-    def _read_tls(self, sock: TlsSocket, deadline: float | None) -> Message:
+    def _read_tls(self, tls: TlsStream, deadline: float | None) -> Message:
         stream = self.stream
         while True:
             event = stream.next_event()
@@ -201,21 +283,7 @@ class StreamReader:
                 return event  # type: ignore[return-value]
             dst = stream.next_buffer()
             big = len(dst) >= STAGING_BYTES
-            try:
-                with sock.lock:
-                    n = sock.recv_into(dst if big else self._staging_view)
-            except ssl.SSLWantReadError:
-                wait_ready(sock, select.POLLIN, deadline, "receive")
-                continue
-            except ssl.SSLWantWriteError:
-                wait_ready(sock, select.POLLOUT, deadline, "receive")
-                continue
-            except ssl.SSLZeroReturnError:
-                n = 0
-            except ssl.SSLError as exc:
-                raise _tls_error(exc, "receive") from None
-            except OSError as exc:
-                raise PeerGone(f"connection lost: {exc}") from None
+            n = tls.read_into(dst if big else self._staging_view, deadline)
             if not n:
                 where = " in the middle of a message" if stream.in_message else ""
                 raise PeerGone(f"peer closed the connection{where}")
