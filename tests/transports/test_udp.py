@@ -1,4 +1,6 @@
-"""udp:// beyond the conformance suite: options, pacing, loss in both modes.
+"""udp:// beyond the conformance suite: options, pacing, loss in both modes, and what a
+hostile peer or stranger can and cannot do (forged chunks, a partial message that would
+allocate more than arrived, a peer that stops reading, floods of silent connections).
 
 Loss is made two ways: on loopback by dropping chosen datagrams in the sender (exact and
 unprivileged), and in a pair of network namespaces this test creates, with nftables
@@ -12,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,9 +29,22 @@ import numpy as np
 import pytest
 
 import tensorwire
-from tensorwire.errors import TransportError, TransportTimeout, TruncatedMessage
+from tensorwire.errors import (
+    MessageTooLarge,
+    PeerGone,
+    TransportError,
+    TransportTimeout,
+    TruncatedMessage,
+    WireError,
+)
+from tensorwire.transports.udp import hub as udp_hub
 from tensorwire.transports.udp import link as udp_link
-from tensorwire.transports.udp.options import parse_rate, parse_udp_url
+from tensorwire.transports.udp.link import Link, Received, UdpStats, decode_received
+from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.transports.udp.options import UdpOptions, parse_rate, parse_udp_url
+from tensorwire.transports.udp.sockets import ControlReader, ControlWriter
+from tensorwire.wire import Limits, decode_message, encode_message
+from tensorwire.wire.chunks import CHUNK_HEADER, CHUNK_MAGIC, CHUNK_VERSION
 
 T = 20.0  # seconds: generous bound for anything that should take milliseconds
 _INDEX = struct.Struct("<I")  # a chunk's index, at offset 16 of its header
@@ -191,7 +209,7 @@ def test_best_effort_uplink_loss_is_reported_to_the_hub(monkeypatch):
     _drop_datagrams(monkeypatch, lambda mid, index: index == 5)
     arr = np.arange(50_000, dtype=np.float64)
     with _serve("best-effort") as hub:
-        ch = tensorwire.connect(hub.url, client_id="u", timeout=T)
+        ch = tensorwire.connect(hub.url, client_id="u", codec=None, timeout=T)
         hub.wait_for(1, timeout=T)
         ch.send({"update": arr})
         cid, msg = hub.recv(timeout=T)
@@ -233,6 +251,196 @@ def test_reliable_send_through_a_dead_path_times_out_and_is_not_delivered(monkey
         with pytest.raises(TransportTimeout):
             ch.recv(timeout=0.2)
         hub.send("d", {"w": np.arange(3.0)}, timeout=T)  # the path is back
+        assert np.array_equal(ch.recv(timeout=T)["w"], np.arange(3.0))
+        ch.close()
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.parametrize("scheme", ["udp"])
+def test_forged_input_leaves_a_best_effort_hub_serving_and_allocating_nothing(scheme_module):
+    # best-effort gives incomplete messages up by decoding what came: the forged ones declare
+    # 16 GiB and must cost no more than what arrived (the conformance suite runs reliable)
+    with tensorwire.serve("udp://127.0.0.1:0?mode=best-effort&mtu=65000", codec=None) as hub:
+        chans = [tensorwire.connect(hub.url, client_id=f"dev{i}", codec=None) for i in range(2)]
+        hub.wait_for(2, timeout=T)
+        before = _rss()
+        for _ in range(3):
+            scheme_module.inject_forged(hub.url, ["dev0", "dev1"])
+        deadline = time.monotonic() + T
+        while hub.clients != ["dev0", "dev1"] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the joined strangers leave once their junk ends their sessions
+        assert hub.clients == ["dev0", "dev1"]
+        assert _rss() - before < 32 << 20
+        assert hub.udp_stats.stranger_datagrams >= 3 * 10 and hub.udp_stats.partial_messages == 0
+        assert all(isinstance(e, WireError) for _, e in hub.errors)
+        hub.broadcast({"v": np.arange(5)}, meta={"r": 1}, timeout=T)
+        for ch in chans:
+            assert ch.recv(timeout=T).meta == {"r": 1} and not ch.errors
+            ch.send({"v": np.arange(2)}, meta={"ok": 1})
+        assert sorted(dict(hub.gather(timeout=T))) == ["dev0", "dev1"]
+        for ch in chans:
+            ch.close()
+
+
+def _fuzz_chunk(rng: random.Random) -> bytes:
+    """A chunk that may lie about anything, most often only a little."""
+    total = rng.choice([0, 1, 10, 1000, 1 << 20, 1 << 29, (1 << 30) + 5, 16 << 30])
+    size = rng.choice([1, 100, 1460])
+    count = max(-(-total // size), 1) if rng.random() < 0.9 else rng.randrange(1, 100)
+    index = rng.randrange(min(count, 50)) if rng.random() < 0.7 else rng.randrange(count)
+    offset = index * size if rng.random() < 0.95 else rng.randrange(total + 1)
+    n = min(size, max(total - offset, 0)) if rng.random() < 0.95 else rng.randrange(1500)
+    head = CHUNK_HEADER.pack(
+        CHUNK_MAGIC, CHUNK_VERSION, 0, 0, rng.randrange(300), index % (1 << 32), count % (1 << 32),
+        offset, total,
+    )  # fmt: skip
+    return head + rng.randbytes(min(n, 24)) + bytes(max(n - 24, 0))
+
+
+@pytest.mark.parametrize("mode", ["reliable", "best-effort"])
+def test_a_link_fed_forged_datagrams_and_control_messages_raises_only_wire_errors(mode):
+    rng = random.Random(7)
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    loop = IoLoop("fuzz", lambda now: None)
+    loop.start()
+    got: list[object] = []
+    link = Link(
+        label="peer", mode=mode, options=UdpOptions(mtu=1500), udp=None, address=None,
+        reader=ControlReader(ours, Limits(), bytearray(1 << 16)),
+        writer=ControlWriter(ours, loop, lambda exc: None), deliver=got.append,
+        reject=got.append, stats=UdpStats(), limits=Limits(max_message_bytes=1 << 30),
+        session=None,
+    )  # fmt: skip
+    now, fed, errors = 0.0, 0, 0
+    try:
+        for _ in range(20_000):
+            now += rng.random() * 0.05
+            r = rng.random()
+            try:
+                if r < 0.9:
+                    d = _fuzz_chunk(rng)
+                    fed += len(d)
+                    link.on_datagram(memoryview(d), now)
+                elif r < 0.97:
+                    kind = rng.choice(["sent", "drop", "ack", "nack", "other"])
+                    meta = {"id": rng.randrange(300), "count": rng.choice([1, 7, 1 << 32])}
+                    ranges = {"ranges": np.array([[0, rng.randrange(1, 9)]])}
+                    enc = encode_message(ranges if kind == "nack" else None, meta, kind=kind)
+                    link.on_control(decode_message(enc.to_bytes()), now)
+                elif r < 0.995:
+                    link.tick(now)
+                else:
+                    link.flush(now)
+            except WireError:
+                errors += 1
+            held = sum(inc.reassembler.pending_bytes for inc in link._incoming.values())
+            assert held <= 9 * fed + udp_link.MAX_INCOMING * 4096
+            with contextlib.suppress(BlockingIOError):
+                while theirs.recv(1 << 20):
+                    pass  # the peer reads its acks and NACKs
+        link.flush(now + 1000)
+    finally:
+        loop.stop()
+        ours.close()
+        theirs.close()
+    assert errors > 100 and got
+    for item in got:
+        if isinstance(item, Received) and item.missing:  # kept: its header and half came
+            assert 2 * item.arrived >= len(item.data)
+        else:
+            assert isinstance(item, (Received, WireError)), item
+
+
+def test_best_effort_loses_a_message_that_lost_half_its_bytes_and_says_so(monkeypatch):
+    dropped = _drop_datagrams(monkeypatch, lambda mid, index: 3 <= index % 10 < 9)
+    with _serve("best-effort") as hub:
+        ch = tensorwire.connect(hub.url, client_id="h", codec=None, timeout=T)
+        hub.wait_for(1, timeout=T)
+        hub.send("h", {"w": np.ones(100_000, np.float32)}, timeout=T)
+        with pytest.raises(TruncatedMessage, match="of its"):  # the hub announced it: raised
+            ch.recv(timeout=T)
+        assert dropped and ch.udp_stats.lost_messages == 1
+        monkeypatch.undo()
+        hub.send("h", {"w": np.arange(3.0)}, timeout=T)
+        assert np.array_equal(ch.recv(timeout=T)["w"], np.arange(3.0))
+        ch.close()
+
+
+def test_a_partial_message_decodes_to_at_most_its_arrived_bytes_times_the_bound():
+    zeros = np.zeros(16 << 20, np.uint8)  # lz4 makes ~64 KiB of it
+    lz4 = tensorwire.resolve_codecs("lz4")
+    tensors = {"z": zeros, "r": np.arange(1000.0)}
+    enc = encode_message(tensors, codecs=lambda name, arr: lz4(name, arr) if name == "z" else [])
+    data = np.frombuffer(enc.to_bytes(), np.uint8)
+    head = len(enc.head)
+    endpoint = type("Endpoint", (), {"limits": Limits()})()
+    lost_z = Received(1, data, [(head, 10)], time.perf_counter(), len(data) - 10)
+    with pytest.raises(MessageTooLarge, match="lost compressed tensors"):
+        decode_received(endpoint, lost_z, None)
+    lost_r = Received(2, data, [(len(data) - 100, 10)], time.perf_counter(), len(data) - 10)
+    msg = decode_received(endpoint, lost_r, None)  # a lost raw range costs what it spans
+    assert msg.loss["z"] == 0.0 and 0 < msg.loss["r"] < 0.01
+
+
+def test_a_peer_that_stops_reading_its_control_connection_breaks_it_without_blocking():
+    ours, theirs = socket.socketpair()  # ``theirs`` never reads
+    loop = IoLoop("writer", lambda now: None)
+    loop.add(ours, lambda: None)
+    loop.start()
+    broken = threading.Event()
+    writer = ControlWriter(ours, loop, lambda exc: broken.set(), max_backlog=1 << 20)
+    big = encode_message({"x": np.zeros(64 << 10, np.uint8)}, kind="nack")
+    t = time.monotonic()
+    try:
+        with pytest.raises(PeerGone, match="has not read"):
+            for _ in range(1000):
+                writer.write(big)
+        assert time.monotonic() - t < 2.0 and broken.wait(T)
+        with pytest.raises(PeerGone):
+            writer.write(big)
+    finally:
+        loop.stop()
+        ours.close()
+        theirs.close()
+
+
+def test_silent_control_connections_are_capped_and_timed_out(monkeypatch):
+    monkeypatch.setattr(udp_hub, "HANDSHAKE_TIMEOUT", 1.0)
+    with _serve("reliable") as hub:
+        _, port, _ = parse_udp_url(hub.url)
+        address = ("127.0.0.1", port)
+        silent = [socket.create_connection(address) for _ in range(udp_hub.MAX_HANDSHAKES)]
+        extra = socket.create_connection(address, timeout=T)
+        assert extra.recv(1) == b""  # over the cap: closed at once
+        t = time.monotonic()
+        ch = tensorwire.connect(hub.url, client_id="late", timeout=T)  # retried until room
+        assert 0.5 < time.monotonic() - t < T / 2
+        assert all(s.recv(1) == b"" for s in silent)  # each timed out and closed
+        assert hub.wait_for(1, timeout=T) == ["late"]
+        reasons = [e.reason for e in hub.events if e.kind == "refused"]
+        assert any("already waiting" in r for r in reasons)
+        assert any("said no hello" in r for r in reasons)
+        for s in [*silent, extra]:
+            s.close()
+        ch.close()
+
+
+def test_a_best_effort_send_cut_by_its_deadline_is_dropped_not_delivered():
+    with tensorwire.serve("udp://127.0.0.1:0?mode=best-effort&rate=20mbit", codec=None) as hub:
+        ch = tensorwire.connect(hub.url, client_id="c", codec=None, timeout=T)
+        hub.wait_for(1, timeout=T)
+        with pytest.raises(TransportTimeout):  # 4 MiB at 20 Mbit/s takes 1.7 s
+            hub.send("c", {"w": np.ones(1 << 20, np.float32)}, timeout=0.3)
+        with pytest.raises(TransportTimeout):  # the receiver was told to drop what came
+            ch.recv(timeout=3 * udp_link.IDLE_FLOOR)
+        hub.send("c", {"w": np.arange(3.0)}, timeout=T)
         assert np.array_equal(ch.recv(timeout=T)["w"], np.arange(3.0))
         ch.close()
 

@@ -1,5 +1,13 @@
 """The udp:// hub: one UDP socket for every client's datagrams, and a TCP listener on the
-same port number for their control connections."""
+same port number for their control connections.
+
+Each control connection carries one session (``docs/session.md``): its first message, read
+under :data:`~tensorwire.transports.session.HELLO_LIMITS`, is the client's ``hello`` (with
+its ``udp_port``); the hub answers ``welcome`` (with its ``mode``) or ``refuse``; then the
+link's ``sent`` / ``ack`` / ``nack`` / ``drop`` flow both ways, and ``bye`` ends it. Data
+messages come and go as datagrams (``link.py``). One I/O thread reads every socket; a
+decode thread turns what it reassembled into messages, in arrival order.
+"""
 
 from __future__ import annotations
 
@@ -14,26 +22,52 @@ from typing import Any
 
 import numpy as np
 
-from tensorwire.errors import ChunkError, PeerGone, TransportError, WireError
-from tensorwire.transports.base import PROTOCOL_VERSION, Hub, parse_hello
-from tensorwire.transports.udp.link import Link, Received, UdpStats, decode_received
+from tensorwire.errors import (
+    ChunkError,
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
+from tensorwire.transports.base import Hub, deadline_after
+from tensorwire.transports.session import (
+    CONTROL_KINDS,
+    HELLO_LIMITS,
+    Closed,
+    Hello,
+    HubSession,
+    Joined,
+    bye,
+)
+from tensorwire.transports.udp.link import (
+    Link,
+    Received,
+    UdpStats,
+    control_limits,
+    decode_received,
+)
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.options import parse_udp_url
 from tensorwire.transports.udp.sockets import (
+    CONTROL_READ_BYTES,
     MAX_DATAGRAM,
     ControlReader,
+    ControlWriter,
     bind_pair,
     drain,
     peer_key,
 )
-from tensorwire.wire import EncodedMessage, Message, parse_chunk
+from tensorwire.wire import EncodedMessage, Message
 from tensorwire.wire.tensors import TensorPath, flatten
 
 log = logging.getLogger("tensorwire.transports.udp")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new control connection has to say hello
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye to each client before closing anyway
+MAX_HANDSHAKES = 64  # control connections at once that have not said hello; more are closed
+BYE_TIMEOUT = 1.0  # seconds spent saying goodbye to all clients before closing anyway
 DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at other sockets
+STRANGER_REPORT_S = 1.0  # datagrams from strangers are reported at most this often (seconds)
 
 
 @dataclass(eq=False)
@@ -41,19 +75,13 @@ class _Handshake:
     sock: socket.socket
     address: Any
     reader: ControlReader
+    session: HubSession
     expires: float  # time.perf_counter() seconds
 
 
 @dataclass(frozen=True)
 class _Joined:
-    decoders: frozenset[str]
-
-
-def _udp_port(msg: Message) -> int:
-    port = msg.meta.get("udp_port")
-    if type(port) is not int or not 0 < port < 65536:
-        raise TransportError("hello: 'udp_port' must be the client's UDP port number")
-    return port
+    hello: Hello
 
 
 def _close(sock: socket.socket) -> None:
@@ -66,7 +94,8 @@ class UdpHub(Hub):
     """Hub at ``udp://host:port?mode=reliable|best-effort&mtu=1472&rate=5mbit``.
 
     Port 0 picks a free one; :attr:`url` has the real port and the options, for clients.
-    ``udp_stats`` counts datagrams, retransmits and losses over every client.
+    ``udp_stats`` counts datagrams, retransmits, losses and dropped strangers' datagrams
+    over every client.
     """
 
     protocol = "udp"
@@ -79,12 +108,16 @@ class UdpHub(Hub):
         shown = f"[{host}]" if ":" in host else host
         self.url = f"udp://{shown}:{self._udp.getsockname()[1]}?{self.options.query(self.mode)}"
         self.udp_stats = UdpStats()
+        self._control_limits = control_limits(self.limits)
         self._lock = threading.Lock()
         self._links: dict[str, Link] = {}  # client id -> link (read by sender threads)
         self._by_address: dict[tuple[str, int], Link] = {}  # I/O thread only
         self._handshakes: dict[socket.socket, _Handshake] = {}  # I/O thread only
         self._previous: dict[str, dict[TensorPath, np.ndarray]] = {}  # best-effort "out"
         self._rxbuf = bytearray(MAX_DATAGRAM)
+        self._controlbuf = bytearray(CONTROL_READ_BYTES)  # every control reader's, in turn
+        self._strangers = 0  # their datagrams since the last report
+        self._strangers_reported = -STRANGER_REPORT_S  # time.monotonic() of the last report
         # Joins, messages, errors and leaves, in the order the I/O thread saw them.
         self._inbound: queue.SimpleQueue[
             tuple[Link, Received | WireError | PeerGone | _Joined] | None
@@ -99,12 +132,17 @@ class UdpHub(Hub):
         self._decoder.start()
         self._loop.start()
 
-    # -- I/O thread ----------------------------------------------------------------------
+    # -- I/O thread: datagrams -----------------------------------------------------------
 
     def _tick(self, now: float) -> float | None:
         soonest: float | None = None
         for hs in [h for h in self._handshakes.values() if now >= h.expires]:
-            log.warning("udp: %s did not say hello within %s s", hs.address, HANDSHAKE_TIMEOUT)
+            self._refused(
+                hs.address[0],
+                TransportTimeout(
+                    f"{hs.address[0]}:{hs.address[1]} said no hello within {HANDSHAKE_TIMEOUT} s"
+                ),
+            )
             self._end_handshake(hs)
         for hs in self._handshakes.values():
             soonest = hs.expires - now if soonest is None else min(soonest, hs.expires - now)
@@ -119,32 +157,82 @@ class UdpHub(Hub):
 
     def _on_datagram(self, view: memoryview, sender: tuple[str, int], now: float) -> None:
         link = self._by_address.get(sender)
+        if link is None:
+            self._stranger(sender, len(view))
+            return
         try:
-            if link is None:
-                parse_chunk(view)  # junk says what is wrong with it; a valid chunk is a stranger
-                raise ChunkError(
-                    f"a chunk from {sender[0]}:{sender[1]}, which has not joined: a client "
-                    "joins over the control connection first"
-                )
             link.on_datagram(view, now)
         except WireError as exc:
-            self._rejected(link.label if link else f"udp:{sender[0]}:{sender[1]}", exc)
-        except TransportError as exc:  # answering it over the control connection failed
-            assert link is not None
-            self._drop_link(link, str(exc))
+            self._rejected(link.label, exc.with_traceback(None))  # its frames hold buffers
+        except PeerGone:
+            pass  # its ack could not be written: the writer's on_broken ends the session
+
+    def _stranger(self, sender: tuple[str, int], nbytes: int) -> None:
+        """Drop a datagram from an address no joined client said was its own: counted in
+        ``udp_stats``, reported (``errors``, log) at most once per ``STRANGER_REPORT_S``."""
+        self.udp_stats.add(stranger_datagrams=1)
+        self._strangers += 1
+        now = time.monotonic()
+        if now - self._strangers_reported < STRANGER_REPORT_S:
+            return
+        self._rejected(
+            "stranger",
+            ChunkError(
+                f"dropped {self._strangers} datagram(s) from addresses that have not joined, "
+                f"the last ({nbytes} bytes) from {sender[0]}:{sender[1]}: a client joins over "
+                "its control connection first"
+            ),
+        )
+        self._strangers, self._strangers_reported = 0, now
+
+    # -- I/O thread: control connections -------------------------------------------------
 
     def _accept(self) -> None:
         try:
             conn, address = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        except OSError as exc:
+        except OSError as exc:  # out of file descriptors, say: the loop tries again
             log.warning("udp: accept failed: %s", exc)
             return
+        if len(self._handshakes) >= MAX_HANDSHAKES:  # a flood of silent connections
+            self._refused(
+                address[0],
+                TransportError(
+                    f"{address[0]}:{address[1]}: {MAX_HANDSHAKES} connections are already "
+                    "waiting to say hello"
+                ),
+            )
+            _close(conn)
+            return
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hs = _Handshake(conn, address, ControlReader(conn), time.perf_counter() + HANDSHAKE_TIMEOUT)
+        options = self._session_options()
+        authenticate = options["authenticate"]
+
+        def check(hello: Hello, tls_name: str | None = None) -> Any:
+            self._check_udp_port(address[0], hello)
+            return ({}, None) if authenticate is None else authenticate(hello, tls_name)
+
+        options["authenticate"] = check
+        hs = _Handshake(
+            conn,
+            address,
+            ControlReader(conn, HELLO_LIMITS, self._controlbuf),
+            HubSession(**options, welcome_meta={"mode": self.mode}),
+            time.perf_counter() + HANDSHAKE_TIMEOUT,
+        )
         self._handshakes[conn] = hs
         self._loop.add(conn, lambda: self._on_handshake(hs))
+
+    def _check_udp_port(self, host: str, hello: Hello) -> None:
+        """Refuse a hello without a ``udp_port``, or naming another client's: datagrams to
+        and from that address would be taken for this client's."""
+        port = hello.meta.get("udp_port")
+        if type(port) is not int or not 0 < port < 65536:
+            raise SessionRefused("hello: 'udp_port' must be the client's UDP port number")
+        owner = self._by_address.get((host, port))
+        if owner is not None and owner.label != hello.client_id:
+            raise SessionRefused(f"hello: UDP port {host}:{port} is client {owner.label!r}'s")
 
     def _end_handshake(self, hs: _Handshake, close: bool = True) -> None:
         self._handshakes.pop(hs.sock, None)
@@ -153,27 +241,38 @@ class UdpHub(Hub):
             _close(hs.sock)
 
     def _on_handshake(self, hs: _Handshake) -> None:
-        where = f"tcp:{hs.address[0]}:{hs.address[1]}"
+        host = hs.address[0]
         try:
             items = hs.reader.read()
         except PeerGone:
+            log.debug("udp: %s closed its control connection before saying hello", hs.address)
             self._end_handshake(hs)
             return
         if not items:
             return
         first, rest = items[0], items[1:]
-        if isinstance(first, WireError):
-            self._rejected(where, first)
-            self._end_handshake(hs)
-            return
         try:
-            cid, decoders = parse_hello(first)
-            address = (hs.address[0], _udp_port(first))
-        except TransportError as exc:
-            log.warning("udp: refused control connection from %s: %s", where, exc)
+            if isinstance(first, WireError):
+                raise first
+            event = hs.session.receive(first)
+        except SessionRefused as exc:
+            with contextlib.suppress(OSError):  # the peer may not read: tell it if it fits
+                hs.sock.send(HubSession.refusal(exc).to_bytes(), socket.MSG_DONTWAIT)
+            self._refused(host, exc)
             self._end_handshake(hs)
             return
+        except WireError as exc:
+            self._refused(host, exc.with_traceback(None))
+            self._end_handshake(hs)
+            return
+        assert isinstance(event, Joined)
         self._end_handshake(hs, close=False)
+        hs.reader.stream.limits = self._control_limits  # a member now: its control messages
+        self._open_link(hs, event.hello, rest)
+
+    def _open_link(self, hs: _Handshake, hello: Hello, rest: list[Message | WireError]) -> None:
+        cid = hello.client_id
+        address = (hs.address[0], hello.meta["udp_port"])
         link = Link(
             label=cid,
             mode=self.mode,
@@ -181,28 +280,33 @@ class UdpHub(Hub):
             udp=self._udp,
             address=address,
             reader=hs.reader,
+            writer=ControlWriter(hs.sock, self._loop, lambda exc: self._broken(link, exc)),
             deliver=lambda item: self._inbound.put((link, item)),
+            reject=lambda exc: self._rejected(cid, exc),
             stats=self.udp_stats,
             limits=self.limits,
+            session=hs.session,
         )
         with self._lock:
             old = self._links.get(cid)
             self._links[cid] = link
         if old is not None:
-            log.info("udp: client %r reconnected from %s; closing its old session", cid, where)
-            self._drop_link(old, "reconnected")
+            log.info("udp: client %r reconnected from %s; closing its old session", cid, address)
+            self._drop_link(old, "replaced by a new session")
         self._by_address[peer_key(address)] = link
+        self._loop.add(hs.sock, lambda: self._on_control(link))
+        self._inbound.put((link, _Joined(hello)))
         try:
-            link.send_control(
-                "welcome",
-                {"decoders": self.decoders, "version": PROTOCOL_VERSION, "mode": self.mode},
-            )
-        except TransportError as exc:
+            link.writer.write(hs.session.welcome())
+        except PeerGone as exc:
             self._drop_link(link, str(exc))
             return
-        self._loop.add(hs.sock, lambda: self._on_control(link))
-        self._inbound.put((link, _Joined(decoders)))
         self._handle_control(link, rest)
+
+    def _broken(self, link: Link, exc: PeerGone) -> None:
+        """Writing to a client failed: take what it said before (an ack, say), then drop it."""
+        self._on_control(link)
+        self._drop_link(link, str(exc))
 
     def _on_control(self, link: Link) -> None:
         self._drain()  # datagrams sent before this control message are counted first
@@ -216,22 +320,27 @@ class UdpHub(Hub):
     def _handle_control(self, link: Link, items: list[Message | WireError]) -> None:
         now = time.perf_counter()
         for item in items:
+            if link.closed:
+                return
             if isinstance(item, WireError):
-                self._rejected(link.label, item)
+                self._rejected(link.label, item.with_traceback(None))
                 if link.reader.stream.broken:
                     self._drop_link(link, f"sent bytes that are not a tensorwire message ({item})")
                     return
                 continue
-            if item.kind == "bye":
-                self._drop_link(link, "said goodbye")
-                return
             try:
-                link.on_control(item, now)
+                if item.kind in CONTROL_KINDS:
+                    event = link.session.receive(item)
+                    if isinstance(event, Closed):
+                        self._drop_link(link, event.reason)
+                        return
+                    log.debug("udp: %r: %s", link.label, event)
+                else:
+                    link.on_control(item, now)
             except WireError as exc:
-                self._rejected(link.label, exc)
-            except TransportError as exc:
-                self._drop_link(link, str(exc))
-                return
+                self._rejected(link.label, exc.with_traceback(None))
+            except PeerGone:  # an answer could not be written: the writer's on_broken ends
+                continue  # the session once the rest of what the peer said (acks) is taken
 
     def _drop_link(self, link: Link, reason: str) -> None:
         """Forget a client's session (in the I/O thread); it leaves unless it reconnected."""
@@ -256,23 +365,33 @@ class UdpHub(Hub):
         """Decode what links deliver, off the I/O thread, in arrival order."""
         while (item := self._inbound.get()) is not None:
             link, got = item
-            cid = link.label
-            if isinstance(got, _Joined):
-                self._joined(cid, got.decoders)
-            elif isinstance(got, PeerGone):
-                self._previous.pop(cid, None)
-                self._left(cid, str(got))
-            elif isinstance(got, WireError):
-                self._rejected(cid, got)
-            else:
-                self._deliver(link, cid, got)
+            try:
+                self._take(link, got)
+            except Exception as exc:  # an on_join/on_leave callback's, say: go on
+                log.exception("udp: handling %s from %r failed: %s", type(got).__name__, link, exc)
+
+    def _take(self, link: Link, got: Received | WireError | PeerGone | _Joined) -> None:
+        cid = link.label
+        if isinstance(got, _Joined):
+            self._previous.pop(cid, None)  # a new session starts from fresh arrays
+            hello = got.hello
+            self._joined(
+                cid, hello.decoders, session=link, max_message_bytes=hello.max_message_bytes
+            )
+        elif isinstance(got, PeerGone):
+            self._previous.pop(cid, None)
+            self._left(cid, str(got), session=link)
+        elif isinstance(got, WireError):
+            self._rejected(cid, got)
+        else:
+            self._deliver(link, cid, got)
 
     def _deliver(self, link: Link, cid: str, got: Received) -> None:
         out = None if link.reliable else self._previous.get(cid)
         try:
             msg = decode_received(self, got, out)
         except WireError as exc:
-            self._rejected(cid, exc)
+            self._rejected(cid, exc.with_traceback(None))
             return
         if not link.reliable:
             self._previous[cid] = dict(flatten(msg.tensors))
@@ -291,10 +410,16 @@ class UdpHub(Hub):
     def _close_transport(self) -> None:
         with self._lock:
             links = list(self._links.values())
+        goodbye = bye("the hub is closing")
         for link in links:
-            link.send_control_quietly("bye", {}, BYE_TIMEOUT)
+            with contextlib.suppress(TransportError):  # gone already: nothing to say
+                link.writer.write(goodbye)
         self._loop.stop()
+        with self._lock:  # the loop may have dropped some since: those are closed already
+            links = list(self._links.values())
+        deadline = deadline_after(BYE_TIMEOUT)  # one for all: hung clients cost 1 s in all
         for link in links:
+            link.writer.flush(deadline)
             link.close(PeerGone("the hub closed"))
             _close(link.control)
         for hs in list(self._handshakes.values()):

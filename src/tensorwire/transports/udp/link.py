@@ -12,14 +12,18 @@ paced by the link's token bucket; then a ``sent`` control message says the sende
 - ``best-effort``: no tensor byte is resent. ``sent`` also carries the chunks that hold the
   message's prefix and header (over TCP), so a message is never lost whole. The receiver
   decodes what arrived one grace period (two control-link RTTs) after ``sent``, or after an
-  idle timeout if ``sent`` never comes (a long one while the header is still missing).
+  idle timeout if ``sent`` never comes (a long one while the header is still missing), if
+  its header and at least half of its bytes came (else it is lost).
 
-Receiving runs in the endpoint's I/O thread; each message has its own ``ChunkReassembler``
-so finishing one (complete, partial or dropped) never touches another.
+Receiving runs in the endpoint's I/O thread, and so does everything that touches a link's
+incoming messages; each message has its own ``ChunkReassembler`` so finishing one
+(complete, partial or dropped) never touches another. What a message costs is bounded by
+the bytes that arrived, never by the sizes its chunks or header declare.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
@@ -34,6 +38,7 @@ import numpy as np
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
     MalformedHeader,
+    MessageTooLarge,
     PeerGone,
     TransportError,
     TransportTimeout,
@@ -41,10 +46,15 @@ from tensorwire.errors import (
     WireError,
 )
 from tensorwire.transports.base import deadline_after, remaining
-from tensorwire.transports.stream_socket import send_encoded
 from tensorwire.transports.udp.options import UdpOptions
 from tensorwire.transports.udp.pacing import TokenBucket
-from tensorwire.transports.udp.sockets import ControlReader, control_rtt, send_datagram
+from tensorwire.transports.udp.sockets import (
+    MAX_DATAGRAM,
+    ControlReader,
+    ControlWriter,
+    control_rtt,
+    send_datagram,
+)
 from tensorwire.wire import (
     CHUNK_HEADER_SIZE,
     ChunkReassembler,
@@ -56,13 +66,19 @@ from tensorwire.wire import (
     new_message_id,
     parse_chunk,
 )
-from tensorwire.wire.format import PREFIX, PREFIX_SIZE
+from tensorwire.wire.format import (
+    DIGEST_SIZE,
+    PREFIX,
+    PREFIX_SIZE,
+    parse_header,
+    parse_prefix,
+    verify_header,
+)
 from tensorwire.wire.partial import decode_partial
 from tensorwire.wire.tensors import TensorPath, flatten
 
 log = logging.getLogger("tensorwire.transports.udp")
 
-CONTROL_SEND_TIMEOUT = 10.0  # seconds a control message may take to be written
 FEEDBACK_TIMEOUT = 60.0  # seconds a reliable sender waits for an answer to ``sent``
 MAX_STALLED_ROUNDS = 30  # NACK rounds in a row that recover nothing before giving up
 MAX_NACK_RANGES = 1 << 16  # ranges per NACK (bounds a control message); the rest next round
@@ -75,7 +91,18 @@ HEAVY_LOSS = 0.05  # a round losing more than this fraction paces its resends to
 PACE_HEADROOM = 1.25  # resends go this much faster than the receiver last managed
 MIN_PACE = 125_000.0  # bytes/s: floor of the receiver-reported rate resends are paced to
 RATE_SAMPLE = 16  # datagrams a round needs before its receive rate is reported
+PARTIAL_MIN_ARRIVED = 0.5  # a best-effort message with less of its bytes than this is lost
+PARTIAL_EXPANSION = 64  # a partial message's lost compressed tensors may decode to this x arrived
+CONTROL_HEADER_BYTES = 64 << 10  # a control message's header (a few fields) is far smaller
 _MESSAGE_ID = struct.Struct("<Q")  # at offset 8 of a chunk header
+
+
+def control_limits(limits: Limits) -> Limits:
+    """What a joined peer's control messages may be: small headers, and bodies up to a
+    NACK's ranges or the header chunks a best-effort ``sent`` carries (those of a message
+    whose header is within ``limits``, cut with an mtu of 80 bytes or more)."""
+    body = max(16 * MAX_NACK_RANGES, 2 * limits.max_header_bytes) + 2 * MAX_DATAGRAM
+    return Limits(max_header_bytes=CONTROL_HEADER_BYTES, max_message_bytes=body, max_tensors=2)
 
 
 @dataclass
@@ -86,7 +113,8 @@ class UdpStats:
     retransmits: int = 0  # datagrams sent again because a NACK listed them
     nack_rounds: int = 0  # NACKs a reliable sender acted on
     partial_messages: int = 0  # best-effort messages delivered with lost ranges
-    lost_messages: int = 0  # best-effort messages whose header (or everything) was lost
+    lost_messages: int = 0  # best-effort messages whose header or half their bytes were lost
+    stranger_datagrams: int = 0  # datagrams from addresses of no joined peer, dropped
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -98,13 +126,14 @@ class UdpStats:
 @dataclass
 class Received:
     """A message a peer sent: whole (``missing`` empty) or with lost byte ranges
-    (``(offset, length)``, best-effort); ``first_at`` is ``time.perf_counter()`` at its
-    first datagram."""
+    (``(offset, length)``, best-effort) and ``arrived`` bytes of it received; ``first_at``
+    is ``time.perf_counter()`` at its first datagram."""
 
     message_id: int
     data: np.ndarray
     missing: list[tuple[int, int]]
     first_at: float
+    arrived: int
 
 
 class _Incoming:
@@ -114,6 +143,7 @@ class _Incoming:
         "finalize_at",
         "first_at",
         "last_at",
+        "nack",
         "reassembler",
         "round_bytes",
         "round_first",
@@ -125,11 +155,14 @@ class _Incoming:
         self.first_at = now
         self.last_at = now
         self.finalize_at: float | None = None
+        # The last NACK, while no datagram came since: a repeated 'sent' costs no new one.
+        self.nack: EncodedMessage | None = None
         self.round_bytes = 0
         self.round_first = now
         self.round_n = 0
 
     def note(self, nbytes: int, now: float) -> None:
+        self.nack = None
         if not self.round_n:
             self.round_first = now
         self.round_bytes += nbytes
@@ -219,12 +252,44 @@ def _nack_ranges(msg: Message, count: int) -> np.ndarray:
     return ranges
 
 
+def header_arrived(lead: memoryview) -> bool:
+    """Whether ``lead`` (a message's bytes from offset 0 without a gap) holds its prefix and
+    its whole header, so that every tensor can be placed."""
+    return len(lead) >= PREFIX_SIZE and len(lead) >= PREFIX_SIZE + PREFIX.unpack_from(lead)[4]
+
+
+def _check_partial(got: Received, limits: Limits) -> None:
+    """Raise ``MessageTooLarge`` when a partial message's lost compressed tensors would
+    decode to more than ``PARTIAL_EXPANSION`` x its arrived bytes: each gets a whole new
+    array (zeros where there is no previous one), which its lost bytes cannot bound."""
+    mv = memoryview(got.data)
+    prefix = parse_prefix(mv, limits)
+    end = PREFIX_SIZE + prefix.header_length
+    verify_header(mv[PREFIX_SIZE:end], prefix)
+    plan = parse_header(mv[PREFIX_SIZE:end], prefix, limits)
+    starts = np.fromiter((o for o, _ in got.missing), np.int64, len(got.missing))
+    ends = starts + np.fromiter((n for _, n in got.missing), np.int64, len(got.missing))
+    lost, offset = 0, end
+    for spec in plan.tensors:
+        a, b = offset, offset + spec.size
+        offset = b + (DIGEST_SIZE if plan.digests else 0)
+        i = int(np.searchsorted(ends, a, side="right"))  # the first gap ending after a
+        if spec.codecs and i < len(starts) and starts[i] < b:
+            lost += spec.nbytes
+    if lost > PARTIAL_EXPANSION * got.arrived:
+        raise MessageTooLarge(
+            f"a partial message whose lost compressed tensors decode to {lost} bytes, over "
+            f"{PARTIAL_EXPANSION} x the {got.arrived} bytes that arrived"
+        )
+
+
 def decode_received(
     endpoint: Any, got: Received, out: Mapping[TensorPath, np.ndarray] | None
 ) -> Message:
     """Decode what a link delivered; the message gets ``loss``, the fraction of each
     tensor's bytes (``"a/b"`` path -> 0.0 to 1.0) this message did not deliver."""
     if got.missing:
+        _check_partial(got, endpoint.limits)
         msg, loss = decode_partial(
             got.data, got.missing, out=out, limits=endpoint.limits, codec_lookup=get_codec
         )
@@ -240,9 +305,13 @@ class Link:
     """Datagrams and control messages between this endpoint and one peer.
 
     ``address`` is where the peer's datagrams go (None: ``udp`` is connected to it);
-    ``deliver`` gets each finished incoming message (or the error that lost it) in the I/O
-    thread. :meth:`send_message` runs in the caller's thread; the ``on_*`` methods and
-    :meth:`tick` in the I/O thread.
+    ``deliver`` gets each finished incoming message, or the ``WireError`` that lost a message
+    the peer announced with ``sent``; ``reject`` gets the error of input that is dropped (a
+    bad chunk, a message nobody announced that could not be kept). Both run in the I/O
+    thread. ``session`` is the peer's session state machine (the hub's ``HubSession`` or the
+    channel's ``ClientSession``), fed the session's messages on the control link.
+    :meth:`send_message` runs in the caller's thread; the ``on_*`` methods,
+    :meth:`tick` and :meth:`flush` in the I/O thread, which alone touches incoming messages.
     """
 
     def __init__(
@@ -254,33 +323,39 @@ class Link:
         udp: Any,
         address: Any,
         reader: ControlReader,
+        writer: ControlWriter,
         deliver: Callable[[Received | WireError], None],
+        reject: Callable[[WireError], None],
         stats: UdpStats,
         limits: Limits,
+        session: Any,
         rtt_fallback: float = 0.001,
     ) -> None:
         self.label = label
+        self.session = session
         self.mode = mode
         self.reliable = mode == "reliable"
         self.options = options
         self.udp = udp
         self.address = address
         self.reader = reader
+        self.writer = writer
         self.control = reader.sock
         self.stats = stats
         self.limits = limits
         self._deliver = deliver
+        self._reject = reject
         self._rtt_fallback = rtt_fallback
         self._incoming: dict[int, _Incoming] = {}
         # Ids of finished messages -> delivered (True) or given up (False).
         self._finished: OrderedDict[int, bool] = OrderedDict()
         self._outgoing: dict[int, _Outgoing] = {}
         self._out_lock = threading.Lock()
-        self._control_lock = threading.Lock()
         self._bucket = (
             TokenBucket(options.rate / 8, 2 * options.mtu) if options.rate is not None else None
         )
         self.closed = False
+        self._why = f"{label} is not connected"  # what sends raise once closed
 
     # -- timing ------------------------------------------------------------------------
 
@@ -305,22 +380,20 @@ class Link:
     def send_control(
         self, kind: str, meta: dict[str, Any], tensors: dict[str, Any] | None = None
     ) -> None:
-        """Write one control message; ``TransportError`` if the connection is unusable."""
-        enc = encode_message(tensors, meta, kind=kind)
-        with self._control_lock:
-            send_encoded(self.control, enc, deadline_after(CONTROL_SEND_TIMEOUT))
+        """Queue one control message, never blocking; ``PeerGone`` if the connection is
+        unusable (broken, or the peer leaves too much unread)."""
+        self.writer.write(encode_message(tensors, meta, kind=kind))
 
-    def send_control_quietly(self, kind: str, meta: dict[str, Any], timeout: float) -> None:
-        """Best-effort control message (a goodbye): errors are ignored."""
-        enc = encode_message(None, meta, kind=kind)
+    def _say(self, kind: str, meta: dict[str, Any]) -> None:
+        """A control message whose loss changes nothing (the link is ending anyway)."""
         try:
-            with self._control_lock:
-                send_encoded(self.control, enc, deadline_after(timeout))
-        except (TransportError, OSError) as exc:
+            self.send_control(kind, meta)
+        except TransportError as exc:
             log.debug("udp: could not send %r to %s: %s", kind, self.label, exc)
 
     def on_control(self, msg: Message, now: float) -> None:
-        """Act on a control message from the peer (not hello/welcome/bye: the owner's)."""
+        """Act on a control message from the peer (not hello/welcome/bye: the session's).
+        ``WireError`` if it is malformed, ``PeerGone`` if answering it failed."""
         if msg.kind == "sent":
             self._on_sent(msg, now)
         elif msg.kind in ("ack", "nack"):
@@ -372,15 +445,15 @@ class Link:
                 inc.finalize_at = now + self.grace()
             return
         if inc is None:  # not one datagram arrived: ask for all of them
-            ranges, rate = np.array([[0, count]], np.int64), None
-        else:
+            self.send_control("nack", {"id": mid}, {"ranges": np.array([[0, count]], np.int64)})
+            return
+        if inc.nack is None:
             missing = inc.reassembler.missing_ranges(mid, limit=MAX_NACK_RANGES)
             ranges = np.array(missing, np.int64).reshape(-1, 2)
             rate = inc.take_round_rate()
-        meta: dict[str, Any] = {"id": mid}
-        if rate is not None:
-            meta["rate"] = rate
-        self.send_control("nack", meta, {"ranges": ranges})
+            meta: dict[str, Any] = {"id": mid} if rate is None else {"id": mid, "rate": rate}
+            inc.nack = encode_message({"ranges": ranges}, meta, kind="nack")
+        self.writer.write(inc.nack)
 
     def _take_head_chunks(self, msg: Message, mid: int, now: float) -> None:
         """Feed the header's chunks a best-effort ``sent`` carries, as if they had come as
@@ -411,7 +484,8 @@ class Link:
     # -- receiving -----------------------------------------------------------------------
 
     def on_datagram(self, d: memoryview, now: float) -> None:
-        """Take one datagram from the peer; ``WireError`` if it is not a valid chunk."""
+        """Take one datagram from the peer; ``WireError`` if it is not a valid chunk (it then
+        changes nothing), ``PeerGone`` if acknowledging the message it completes failed."""
         if len(d) < CHUNK_HEADER_SIZE:
             parse_chunk(d)  # raises the ChunkError that says what is wrong
         (mid,) = _MESSAGE_ID.unpack_from(d, 8)
@@ -433,9 +507,9 @@ class Link:
             if not new:
                 del self._incoming[mid]
             self._finish(mid)
+            self._deliver(Received(mid, data, [], inc.first_at, len(data)))
             if self.reliable:
                 self.send_control("ack", {"id": mid})
-            self._deliver(Received(mid, data, [], inc.first_at))
             return
         if new:
             if len(self._incoming) >= MAX_INCOMING:
@@ -467,21 +541,38 @@ class Link:
         limit = inc.reassembler.timeout
         if self.reliable or inc.finalize_at is not None:
             return limit
-        lead = inc.reassembler.leading_bytes(mid)
-        if len(lead) >= PREFIX_SIZE and len(lead) >= PREFIX_SIZE + PREFIX.unpack_from(lead)[4]:
-            return limit  # the header is here: what is missing is tensor bytes
+        if header_arrived(inc.reassembler.leading_bytes(mid)):
+            return limit  # what is missing is tensor bytes
         return max(limit, RELIABLE_IDLE)
 
     def _give_up(self, mid: int, inc: _Incoming, now: float, why: str) -> None:
-        """Stop waiting for a message: best-effort delivers what arrived, reliable drops it
-        (its sender's next ``sent`` starts it over)."""
+        """Stop waiting for a message: reliable drops it (its sender's next ``sent`` starts
+        it over); best-effort delivers what arrived if its header and at least half of its
+        bytes did, else it is lost. Nothing here allocates more than what arrived."""
         self._finish(mid, delivered=not self.reliable)
         if self.reliable:
-            log.info("udp: dropped an incomplete message from %s: %s", self.label, why)
+            log.debug("udp: dropped an incomplete message from %s: %s", self.label, why)
             return
+        has_header = header_arrived(inc.reassembler.leading_bytes(mid))  # before expire drops it
         for part in inc.reassembler.expire(now + inc.reassembler.timeout):
-            self.stats.add(partial_messages=1)
-            self._deliver(Received(mid, part.data, part.missing, inc.first_at))
+            arrived = part.total_length - sum(n for _, n in part.missing)
+            if has_header and arrived >= PARTIAL_MIN_ARRIVED * part.total_length:
+                self.stats.add(partial_messages=1)
+                self._deliver(Received(mid, part.data, part.missing, inc.first_at, arrived))
+                continue
+            what = (
+                f"{part.total_length - arrived} of its {part.total_length} bytes"
+                if has_header
+                else "its header"
+            )
+            lost = TruncatedMessage(
+                f"a message from {self.label} lost {what}" + (f" ({why})" if why else "")
+            )
+            if inc.finalize_at is None:  # never announced: maybe not the peer's at all
+                self._reject(lost)
+            else:
+                self.stats.add(lost_messages=1)
+                self._deliver(lost)
 
     def _finish(self, mid: int, delivered: bool = True) -> None:
         self._finished[mid] = delivered
@@ -491,14 +582,25 @@ class Link:
     # -- sending -----------------------------------------------------------------------
 
     def send_message(self, enc: EncodedMessage, deadline: float | None) -> None:
-        """Send one encoded message to the peer (reliable: until it has all of it)."""
-        if self.closed:
-            raise PeerGone(f"{self.label} is not connected")
+        """Send one encoded message to the peer (reliable: until it has all of it). A send
+        that fails part way (its deadline, say) tells the peer to drop what it got."""
         mid = new_message_id()
-        if self.reliable:
-            self._send_reliable(enc, mid, deadline)
-        else:
-            self._send_best_effort(enc, mid, deadline)
+        pending = _Outgoing(max(-(-enc.nbytes // self.options.chunk_payload), 1))
+        with self._out_lock:
+            if self.closed:
+                raise PeerGone(self._why)
+            self._outgoing[mid] = pending
+        try:
+            if self.reliable:
+                self._send_reliable(enc, mid, pending, deadline)
+            else:
+                self._send_best_effort(enc, mid, deadline)
+        except TransportTimeout:
+            self._say("drop", {"id": mid})
+            raise
+        finally:
+            with self._out_lock:
+                del self._outgoing[mid]
 
     def _send_datagram(self, parts: list[Any], pacer: TokenBucket | None, deadline: Any) -> None:
         if pacer is not None:
@@ -532,69 +634,68 @@ class Link:
         # copy still lost ~12 % of whole updates at 20 % loss).
         sizes = np.array([len(c) for c in head], np.int64)
         chunks = np.frombuffer(b"".join(head), np.uint8)
-        self.send_control(
-            "sent", {"id": mid, "count": count}, {"head_chunks": chunks, "head_sizes": sizes}
-        )
+        # Its datagrams are out: a peer that took them and left (or not) is the next send's.
+        with contextlib.suppress(PeerGone):
+            self.send_control(
+                "sent", {"id": mid, "count": count}, {"head_chunks": chunks, "head_sizes": sizes}
+            )
 
-    def _send_reliable(self, enc: EncodedMessage, mid: int, deadline: float | None) -> None:
+    def _send_reliable(
+        self, enc: EncodedMessage, mid: int, pending: _Outgoing, deadline: float | None
+    ) -> None:
         payload = self.options.chunk_payload
-        count = max(-(-enc.nbytes // payload), 1)
-        pending = _Outgoing(count)
-        with self._out_lock:
-            self._outgoing[mid] = pending
-        try:
-            # Kept for resends; built while the first round goes out, so sending starts at once.
-            chunks: list[list[Any]] = []
-            for parts in iter_chunks(enc.frames(), mid, payload):
-                self._send_datagram(parts, self._bucket, deadline)
-                chunks.append(parts)
-            sent = count
-            pacer = self._bucket
-            best, stalled = count + 1, 0
-            while True:
-                self.stats.add(datagrams_sent=sent)
+        count = pending.count
+        # Kept for resends; built while the first round goes out, so sending starts at once.
+        chunks: list[list[Any]] = []
+        for parts in iter_chunks(enc.frames(), mid, payload):
+            self._send_datagram(parts, self._bucket, deadline)
+            chunks.append(parts)
+        sent = count
+        pacer = self._bucket
+        best, stalled = count + 1, 0
+        while True:
+            self.stats.add(datagrams_sent=sent)
+            # A peer that has it all may be gone already: its ack, or the link's end, decides.
+            with contextlib.suppress(PeerGone):
                 self.send_control("sent", {"id": mid, "count": count})
-                fb = pending.wait(deadline, self.label)
-                if fb.acked:
-                    return
-                assert fb.ranges is not None
-                todo = fb.ranges
-                missing = int((todo[:, 1] - todo[:, 0]).sum())
-                stalled = 0 if missing < best else stalled + 1
-                best = min(best, missing)
-                if stalled >= MAX_STALLED_ROUNDS:
-                    raise TransportTimeout(
-                        f"{MAX_STALLED_ROUNDS} rounds of resending brought no datagram to "
-                        f"{self.label}: is UDP blocked on the path, or the mtu larger than "
-                        "the path allows?"
-                    )
-                if self._bucket is None and fb.rate is not None and missing > HEAVY_LOSS * sent:
-                    # The receiver (or its socket buffer) could not keep up: resend at about
-                    # its pace, a little faster so the rate can recover.
-                    pace = max(fb.rate * PACE_HEADROOM, MIN_PACE)
-                    pacer = TokenBucket(pace, 2 * self.options.mtu)
-                self.stats.add(retransmits=missing, nack_rounds=1)
-                sent = self._send_ranges(chunks, todo, pacer, deadline)
-        except TransportTimeout:
-            self.send_control_quietly("drop", {"id": mid}, 1.0)
-            raise
-        finally:
-            with self._out_lock:
-                del self._outgoing[mid]
+            fb = pending.wait(deadline, self.label)
+            if fb.acked:
+                return
+            assert fb.ranges is not None
+            todo = fb.ranges
+            missing = int((todo[:, 1] - todo[:, 0]).sum())
+            stalled = 0 if missing < best else stalled + 1
+            best = min(best, missing)
+            if stalled >= MAX_STALLED_ROUNDS:
+                raise TransportTimeout(
+                    f"{MAX_STALLED_ROUNDS} rounds of resending brought no datagram to "
+                    f"{self.label}: is UDP blocked on the path, or the mtu larger than "
+                    "the path allows?"
+                )
+            if self._bucket is None and fb.rate is not None and missing > HEAVY_LOSS * sent:
+                # The receiver (or its socket buffer) could not keep up: resend at about
+                # its pace, a little faster so the rate can recover.
+                pace = max(fb.rate * PACE_HEADROOM, MIN_PACE)
+                pacer = TokenBucket(pace, 2 * self.options.mtu)
+            self.stats.add(retransmits=missing, nack_rounds=1)
+            sent = self._send_ranges(chunks, todo, pacer, deadline)
 
     # -- closing -------------------------------------------------------------------------
 
     def flush(self, now: float) -> None:
         """Give up every incoming message at once (the peer left): best-effort delivers
-        what arrived of each."""
+        what arrived of each. In the I/O thread only."""
         for mid in list(self._incoming):
-            self._give_up(mid, self._incoming.pop(mid), now, "the peer left")
+            inc = self._incoming.pop(mid, None)
+            if inc is not None:  # a message given up while delivering another is gone already
+                self._give_up(mid, inc, now, "the peer left")
 
     def close(self, reason: Exception) -> None:
-        """Fail the sends waiting for this peer with ``reason``; forget incoming messages."""
-        self.closed = True
+        """Fail the sends waiting for this peer, and any later one, with ``PeerGone`` saying
+        ``reason`` (thread-safe; incoming messages are the I/O thread's to flush)."""
         with self._out_lock:
+            self.closed = True
+            self._why = str(reason)
             waiting = list(self._outgoing.values())
-        for out in waiting:
-            out.fail(reason)
-        self._incoming.clear()
+        for out in waiting:  # each its own: one exception raised in many threads tangles
+            out.fail(PeerGone(self._why))

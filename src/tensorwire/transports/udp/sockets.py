@@ -1,5 +1,6 @@
 """Sockets for udp://: big kernel buffers, the hub's UDP + TCP pair on one port, draining
-datagrams, reading control messages without blocking, and the control link's RTT."""
+datagrams, reading and writing control messages without blocking, and the control link's
+RTT."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import logging
 import select
 import socket
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
-from tensorwire.wire import NEED_DATA, Limits, Message, MessageStream
+from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.udp")
 
@@ -25,8 +29,8 @@ PAIR_ATTEMPTS = 32  # free UDP ports tried before giving up finding one whose TC
 _TCP_INFO_RTT = struct.Struct("<II")  # tcpi_rtt, tcpi_rttvar (microseconds) at offset 68
 _TCP_INFO_RTT_OFFSET = 68
 
-CONTROL_LIMITS = Limits(max_header_bytes=1 << 20, max_message_bytes=8 << 20)
-"""Control messages are small: a NACK holds at most ``MAX_NACK_RANGES`` ranges."""
+CONTROL_READ_BYTES = 64 << 10  # bytes a control connection is read in at a time
+MAX_CONTROL_BACKLOG = 16 << 20  # bytes of control messages a peer may leave unread
 
 
 def set_buffers(sock: socket.socket, nbytes: int) -> None:
@@ -148,20 +152,24 @@ def send_datagram(
 
 
 class ControlReader:
-    """Reads control messages from a TCP socket the I/O loop found readable, never blocking."""
+    """Reads control messages from a TCP socket the I/O loop found readable, never blocking.
 
-    def __init__(self, sock: socket.socket, limits: Limits = CONTROL_LIMITS) -> None:
+    ``buf`` is where bytes land before the stream takes them: the readers of one I/O thread
+    share one, so a connection that says nothing costs no buffer of its own.
+    """
+
+    def __init__(self, sock: socket.socket, limits: Limits, buf: bytearray) -> None:
         self.sock = sock
         self.stream = MessageStream(limits=limits)
-        self._buf = bytearray(64 << 10)
+        self._buf = buf
 
     def read(self) -> list[Message | WireError]:
         """The messages (or the errors of bad ones) the bytes available now complete, in
         order; ``PeerGone`` at EOF or on reset. After a framing error ``stream.broken`` is
         true and the connection is unusable: close it."""
         try:
-            n = self.sock.recv_into(self._buf)
-        except (BlockingIOError, InterruptedError, TimeoutError):
+            n = self.sock.recv_into(self._buf, len(self._buf), socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
             return []
         except OSError as exc:
             raise PeerGone(f"control connection lost: {exc}") from None
@@ -185,3 +193,111 @@ class ControlReader:
         if framing is not None:
             items.append(framing)
         return items
+
+
+class ControlWriter:
+    """Writes control messages to a TCP socket without ever blocking the writing thread.
+
+    What the kernel does not take at once waits in a queue that the I/O loop sends from when
+    the socket is writable, in order. A peer that lets more than ``max_backlog`` bytes pile
+    up is not reading its control connection (hung, or hostile): the writer breaks, every
+    later :meth:`write` raises ``PeerGone``, and ``on_broken(exc)`` runs in the loop's thread.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        loop: IoLoop,
+        on_broken: Callable[[PeerGone], None],
+        max_backlog: int = MAX_CONTROL_BACKLOG,
+    ) -> None:
+        self.sock = sock
+        self._loop = loop
+        self._on_broken = on_broken
+        self._max_backlog = max_backlog
+        self._queue: deque[memoryview] = deque()
+        self._queued = 0  # bytes in the queue
+        self._lock = threading.Lock()
+        self.broken: PeerGone | None = None
+
+    def write(self, enc: EncodedMessage) -> None:
+        """Send ``enc`` now, or queue what the kernel did not take; ``PeerGone`` if the
+        connection is broken or its backlog would pass ``max_backlog`` bytes."""
+        data = memoryview(enc.to_bytes())  # control messages are small: one copy, one syscall
+        with self._lock:
+            if self.broken is not None:
+                raise self.broken
+            if not self._queue:
+                data = data[self._send(data) :]
+                if not data:
+                    return
+            if self._queued + len(data) > self._max_backlog:
+                self._break(
+                    PeerGone(
+                        f"the peer has not read {self._queued + len(data)} bytes of control "
+                        "messages: is its process stuck?"
+                    )
+                )
+                raise self.broken  # type: ignore[misc]
+            self._queue.append(data)
+            self._queued += len(data)
+            first = len(self._queue) == 1
+        if first:
+            self._loop.want_write(self.sock, self._on_writable)
+
+    def _send(self, data: memoryview) -> int:
+        """Bytes of ``data`` the kernel took now (0 if none fit); breaks the writer on error."""
+        try:
+            return self.sock.send(data, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            self._break(PeerGone(f"control connection lost: {exc}"))
+            raise self.broken from None  # type: ignore[misc]
+
+    def _break(self, exc: PeerGone) -> None:
+        if self.broken is None:
+            self.broken = exc
+            self._queue.clear()
+            self._queued = 0
+            self._loop.call(lambda: self._on_broken(exc))
+
+    def _push(self) -> bool:
+        """Send from the queue until it is empty (True) or the kernel takes no more."""
+        while self._queue:
+            head = self._queue[0]
+            n = self._send(head)
+            self._queued -= n
+            if n < len(head):
+                self._queue[0] = head[n:]
+                return False
+            self._queue.popleft()
+        return True
+
+    def _on_writable(self) -> None:
+        with self._lock:
+            try:
+                done = self.broken is not None or self._push()
+            except PeerGone:
+                done = True
+        if done:
+            self._loop.want_write(self.sock, None)
+
+    def flush(self, deadline: float | None) -> bool:
+        """Block until the queue is sent (True) or ``deadline`` passes (False); for the last
+        goodbye, once the I/O loop has stopped."""
+        if self.sock.fileno() < 0:
+            return False  # closed: the link ended meanwhile
+        poller = select.poll()
+        poller.register(self.sock, select.POLLOUT)
+        while True:
+            with self._lock:
+                try:
+                    if self.broken is not None or self._push():
+                        return self.broken is None
+                except PeerGone:
+                    return False
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            poller.poll(None if left is None else max(int(left * 1000), 1))
