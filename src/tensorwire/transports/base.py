@@ -127,7 +127,8 @@ class ErrorLog:
         self.counts: dict[str, int] = {}
 
     def append(self, item: tuple[str, Exception]) -> None:
-        self._items.append(item)
+        # a kept traceback would pin its frames, and with them a stranger's buffers
+        self._items.append((item[0], item[1].with_traceback(None)))
         name = type(item[1]).__name__
         self.counts[name] = self.counts.get(name, 0) + 1
 
@@ -201,7 +202,7 @@ class Inbox:
         with self._cond:
             while not self._items:
                 if self._error is not None:
-                    raise self._error
+                    raise self._error.with_traceback(None)  # no tracebacks piling up
                 left = remaining(deadline)
                 if left == 0.0:
                     raise TransportTimeout("no message from the hub in time")
@@ -298,6 +299,7 @@ class _Endpoint:
         self.checksum = checksum
         self.limits = limits
         self.records = RecordLog()
+        self.errors = ErrorLog()
         self.decoders = available_codecs()
 
     def set_codec(self, codec: Any) -> None:
@@ -419,7 +421,6 @@ class Hub(_Endpoint):
             authenticate = KeyAuthenticator(keys)
         self.authenticate = authenticate
         self._open_door_said = False
-        self.errors = ErrorLog()
         self.events: deque[MembershipEvent] = deque(maxlen=MAX_EVENTS)
         self._cond = threading.Condition()
         self._members: dict[str, _Member] = {}
@@ -727,6 +728,15 @@ class Channel(_Endpoint):
     hub_max_bytes: int | None = None  # the largest message the hub accepts (its welcome)
     tls: TLS | None = None
     secret: bytes | None = None  # this client's enrolled secret, proven in every hello
+
+    def _rejected(self, exc: Exception) -> None:
+        """Something on this channel's medium was not a valid message from the hub: counted in
+        :attr:`errors`, logged (rate-limited), never raised from ``recv``."""
+        self.errors.append(("hub", exc))
+        _log_limited(
+            f"channel {self.client_id} {type(exc).__name__}",
+            f"{self.protocol}: {self.client_id}: dropped a message not from the hub: {exc}",
+        )
 
     def _credentials(self, tls: TLS | None, key: Any) -> None:
         """Keep the channel's TLS settings and secret (bytes, hex, or a file of hex)."""
