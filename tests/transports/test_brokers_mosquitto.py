@@ -1,10 +1,12 @@
-"""tensorwire.transports.brokers.mosquitto: probe, private broker lifecycle, ensure_mosquitto."""
+"""tensorwire.transports.brokers.mosquitto: probe, private broker lifecycle (restarts, persistence
+included), ensure_mosquitto."""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -107,3 +109,57 @@ def test_a_broker_that_cannot_start_reports_its_log_and_cleans_up():
     with pytest.raises(TransportError, match="no_such_option"):
         broker.start()
     assert broker.dir is None and broker.pid is None
+
+
+def test_a_persistent_broker_restarts_on_its_port_and_directory_and_keeps_sessions():
+    pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    got: list[bytes] = []
+    present: list[bool] = []
+    acked = threading.Event()
+
+    def client(name: str) -> paho.Client:
+        c = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=name, protocol=MQTTProtocolVersion.MQTTv5
+        )
+        c.on_connect = lambda _c, _u, flags, _r, _p: present.append(flags.session_present)
+        c.on_message = lambda _c, _u, m: got.append(m.payload)
+        c.on_subscribe = lambda *_: acked.set()
+        return c
+
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 60
+    with MosquittoBroker(persistence=True) as broker:
+        port, directory, pid = broker.port, broker.dir, broker.pid
+        assert directory is not None
+        conf = (directory / "mosquitto.conf").read_text()
+        assert "persistence true" in conf and f"persistence_location {directory}/" in conf
+        sub = client("tw-sub")
+        sub.connect("127.0.0.1", port, clean_start=False, properties=props)
+        sub.loop_start()
+        sub.subscribe("t/#", qos=1)
+        assert acked.wait(T)
+        sub.disconnect()  # the session stays, for its expiry
+        sub.loop_stop()
+        broker.restart(0.5)
+        assert (broker.port, broker.dir) == (port, directory) and broker.pid != pid
+        assert not _alive(pid) and mosquitto_answers("127.0.0.1", port)
+        pub = client("tw-pub")
+        pub.connect("127.0.0.1", port)
+        pub.loop_start()
+        pub.publish("t/x", b"queued while away", qos=1).wait_for_publish(T)
+        pub.disconnect()
+        pub.loop_stop()
+        sub.connect("127.0.0.1", port, clean_start=False, properties=props)
+        sub.loop_start()
+        deadline = time.monotonic() + T
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sub.disconnect()
+        sub.loop_stop()
+    assert got == [b"queued while away"] and present[-1] is True
+    assert not directory.exists()

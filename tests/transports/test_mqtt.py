@@ -1,4 +1,5 @@
-"""mqtt:// beyond the conformance suite: URLs, chunking, QoS, fan-out, wills, broker limits."""
+"""mqtt:// beyond the conformance suite: URLs, chunking, QoS, fan-out, wills, broker limits,
+the session on topics, and brokers that go away and come back."""
 
 from __future__ import annotations
 
@@ -18,8 +19,14 @@ pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt
 import tensorwire
 from tensorwire.errors import MissingDependency, PeerGone, TransportError, TransportTimeout
 from tensorwire.transports.brokers.mosquitto import MosquittoBroker, ensure_mosquitto
-from tensorwire.transports.mqtt import DEFAULT_CHUNK_BYTES, MqttSettings
-from tensorwire.wire import parse_chunk
+from tensorwire.transports.mqtt import (
+    DEFAULT_CHUNK_BYTES,
+    WILL_GRACE_S,
+    MqttSettings,
+    _one_chunk,
+)
+from tensorwire.transports.session import ClientSession
+from tensorwire.wire import decode_message, parse_chunk
 
 T = 20.0
 
@@ -39,13 +46,71 @@ def prefix() -> str:
     return f"twtest-{uuid.uuid4().hex[:10]}"
 
 
+def _private(**options) -> MosquittoBroker:
+    try:
+        return MosquittoBroker(**options).start()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+
+
+def _until(condition, timeout: float = T) -> bool:
+    """Poll ``condition`` every 20 ms until it holds (True) or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+class _Raw:
+    """A bare paho client: publishes at QoS 1, collects the messages on topics it subscribes to."""
+
+    def __init__(self, url: str) -> None:
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.settings = s = MqttSettings.from_url(url)
+        self.got: list[tuple[str, bytes]] = []
+        self._subscribed = threading.Event()
+        self._client = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"tw-raw-{uuid.uuid4().hex[:8]}"
+        )
+        self._client.on_message = lambda _c, _u, m: self.got.append((m.topic, m.payload))
+        self._client.on_subscribe = lambda *_: self._subscribed.set()
+        self._client.connect(s.host, s.port)
+        self._client.loop_start()
+
+    def subscribe(self, topic: str) -> None:
+        self._subscribed.clear()
+        self._client.subscribe(topic, qos=1)
+        assert self._subscribed.wait(T)
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self._client.publish(topic, payload, qos=1).wait_for_publish(T)
+
+    def messages(self, n: int) -> list:
+        """The first ``n`` messages that came (each in one chunk), decoded; waits up to T
+        seconds for them."""
+        assert _until(lambda: len(self.got) >= n), f"{len(self.got)} of {n} messages came"
+        return [decode_message(parse_chunk(payload)[1]) for _, payload in self.got[:n]]
+
+    def close(self) -> None:
+        self._client.disconnect()
+        self._client.loop_stop()
+
+
 def test_url_settings():
     s = MqttSettings.from_url(
         "mqtt://al%40ice:s%3Acret@broker.example:1999/fl/exp1?qos=2&chunk=4096"
     )
     assert (s.host, s.port, s.username, s.password) == ("broker.example", 1999, "al@ice", "s:cret")
     assert (s.prefix, s.qos, s.chunk_bytes) == ("fl/exp1", 2, 4096)
-    assert s.up("dev1") == "fl/exp1/up/dev1" and s.down() == "fl/exp1/down"
+    assert (
+        s.up("dev1", "s1") == "fl/exp1/up/dev1/s1" and s.ctl("dev1", "s1") == "fl/exp1/ctl/dev1/s1"
+    )
+    assert s.down() == "fl/exp1/down" and s.down("dev1", "s1") == "fl/exp1/down/dev1/s1"
+    assert s.hub("h1") == "fl/exp1/hub/h1" and s.hub() == "fl/exp1/hub/+"
     d = MqttSettings.from_url("mqtt://localhost", qos=0)
     assert (d.port, d.prefix, d.qos, d.chunk_bytes, d.username) == (
         1883,
@@ -168,7 +233,7 @@ def test_a_killed_client_is_announced_by_its_will(broker, prefix):
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(T)
-        assert gone.wait(T)
+        assert gone.wait(WILL_GRACE_S + T)  # it had the grace to come back, and did not
         assert left == [("doomed", "connection lost")] and hub.clients == []
 
 
@@ -206,7 +271,7 @@ def test_chunks_fit_the_maximum_packet_the_broker_announces(prefix):
             tensorwire.connect(url, client_id="c", codec=None, timeout=T) as ch,
         ):
             assert hub._link.max_packet == 65536 and ch._link.max_packet == 65536
-            assert hub._link.chunk_payload(hub.settings.down("c"), 1 << 20) < 65536
+            assert hub._link.chunk_payload(hub.settings.down(), 1 << 20) < 65536
             hub.wait_for(1, timeout=T)
             arr = np.arange(1 << 17, dtype=np.float64)  # 1 MiB: over the limit as one packet
             hub.send("c", {"a": arr}, timeout=T)
@@ -239,5 +304,137 @@ def test_username_and_password_from_the_url(tmp_path, prefix):
             hub.wait_for(1, timeout=T)
             ch.send({"v": np.arange(3)})
             assert hub.recv(timeout=T)[0] == "c"
+    finally:
+        broker.stop()
+
+
+def test_a_killed_hub_ends_the_session_once_its_will_goes_unanswered(broker, prefix):
+    url = f"{broker}/{prefix}"
+    code = (
+        f"import tensorwire, time; h = tensorwire.serve({url!r}); print('up', flush=True); "
+        "time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        ch = tensorwire.connect(url, client_id="orphan", timeout=T)
+    finally:
+        proc.kill()
+        proc.wait(T)
+    t0 = time.monotonic()
+    with pytest.raises(PeerGone, match="did not answer"):
+        ch.recv(timeout=WILL_GRACE_S + T)
+    assert time.monotonic() - t0 < WILL_GRACE_S + 5
+    with pytest.raises(PeerGone):
+        ch.send({"v": np.zeros(1)})
+    ch.close()
+
+
+def test_a_repeated_hello_is_welcomed_again_and_joins_once(broker, prefix):
+    url = f"{broker}/{prefix}"
+    with tensorwire.serve(url) as hub:
+        raw = _Raw(url)
+        s = raw.settings
+        session = ClientSession("raw", decoders=[], max_message_bytes=1 << 20)
+        raw.subscribe(s.ctl("raw", session.session))
+        hello = session.hello()
+        for _ in range(3):  # each publish under a fresh message id, as a client repeats it
+            raw.publish(s.up("raw", session.session), _one_chunk(hello))
+        welcomes = raw.messages(3)
+        raw.close()
+        assert all(w.kind == "welcome" for w in welcomes)
+        assert {(w.meta["session"], w.meta["hub"]) for w in welcomes} == {
+            (session.session, hub.hub_id)
+        }
+        assert hub.clients == ["raw"] and [e.kind for e in hub.events] == ["joined"]
+
+
+def test_a_hello_on_another_clients_topics_is_refused(broker, prefix):
+    url = f"{broker}/{prefix}"
+    with tensorwire.serve(url) as hub:
+        raw = _Raw(url)
+        s = raw.settings
+        session = ClientSession("mallory", decoders=[], max_message_bytes=1 << 20)
+        raw.subscribe(s.ctl("alice", session.session))
+        raw.publish(s.up("alice", session.session), _one_chunk(session.hello()))
+        (refusal,) = raw.messages(1)
+        raw.close()
+        assert refusal.kind == "refuse" and refusal.meta["code"] == "refused"
+        assert "must name both" in refusal.meta["reason"]
+        assert hub.clients == []
+        assert _until(lambda: [e.kind for e in hub.events] == ["refused"])
+
+
+def test_a_broker_that_keeps_no_sessions_is_ridden_out(prefix):
+    broker = _private()  # no persistence: a restart forgets every session and subscription
+    url = broker.url(prefix)
+    try:
+        with (
+            tensorwire.serve(url, codec=None) as hub,
+            tensorwire.connect(url, client_id="d0", codec=None, timeout=T) as ch,
+        ):
+            hub.wait_for(1, timeout=T)
+            broker.restart(1.0)
+            assert _until(lambda: any(e.kind == "medium-back" for e in hub.events))
+            back = next(e for e in hub.events if e.kind == "medium-back")
+            assert "lost our session" in back.reason  # messages in flight may be lost: said
+            # at once: the send waits until d0 said hello again, so it has subscribed again
+            hub.send("d0", {"v": np.arange(3)}, timeout=T)
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
+            ch.send({"v": np.arange(2)}, timeout=T)
+            assert hub.recv(timeout=T)[0] == "d0"
+            assert _until(lambda: hub._clients["d0"].suspect_until is None)  # came back in time
+            assert hub.clients == ["d0"]
+            assert [e.kind for e in hub.events] == ["joined", "medium-lost", "medium-back"]
+    finally:
+        broker.stop()
+
+
+def test_a_client_gone_while_a_sessionless_broker_was_down_is_dropped_after_the_grace(prefix):
+    broker = _private()
+    url = broker.url(prefix)
+    try:
+        with (
+            tensorwire.serve(url, codec=None) as hub,
+            tensorwire.connect(url, client_id="stays", timeout=T),
+        ):
+            gone = tensorwire.connect(url, client_id="vanishes", timeout=T)
+            hub.wait_for(2, timeout=T)
+            restart = threading.Thread(target=broker.restart, args=(2.0,))
+            restart.start()
+            assert _until(lambda: not gone._link.up)
+            gone._drop()  # dies while the broker is down: its will is never published
+            restart.join(T)
+            assert _until(lambda: hub.clients == ["stays"], WILL_GRACE_S + T)
+            left = [(e.client_id, e.reason) for e in hub.events if e.kind == "left"]
+            assert left == [("vanishes", "did not come back after the broker lost its sessions")]
+    finally:
+        broker.stop()
+
+
+def test_a_broadcast_during_an_outage_fails_at_its_deadline_and_is_never_delivered(prefix):
+    broker = _private(persistence=True)
+    url = broker.url(prefix)
+    try:
+        with (
+            tensorwire.serve(url, codec=None) as hub,
+            tensorwire.connect(url, client_id="c", codec=None, timeout=T) as ch,
+        ):
+            hub.wait_for(1, timeout=T)
+            restart = threading.Thread(target=broker.restart, args=(3.0,))
+            restart.start()
+            assert _until(lambda: not hub._link.up)
+            t0 = time.monotonic()
+            lost = hub.broadcast({"v": np.arange(3)}, meta={"r": "lost"}, timeout=1.0)
+            assert 0.9 < time.monotonic() - t0 < 3.0
+            assert not lost and isinstance(lost.failed["c"], TransportTimeout)
+            assert "unreachable" in str(lost.failed["c"])
+            sent = hub.broadcast({"v": np.arange(3)}, meta={"r": "after"}, timeout=T)  # waits
+            restart.join(T)
+            assert sorted(sent) == ["c"]
+            assert ch.recv(timeout=T).meta == {"r": "after"}
+            with pytest.raises(TransportTimeout):
+                ch.recv(timeout=1.0)
+            assert hub.clients == ["c"]
     finally:
         broker.stop()

@@ -1,19 +1,28 @@
 """``mqtt://[user:pass@]host:port/prefix?qos=1&chunk=1048576``: tensors through an MQTT 5 broker.
 
-Every payload published is one chunk (``tensorwire.wire.iter_chunks``) of a tensorwire message,
-cut under the broker's maximum packet size. Topics under ``prefix``:
+``docs/transports/mqtt.md`` specifies the mapping. Every payload published is one chunk
+(``tensorwire.wire.iter_chunks``) of a tensorwire message, cut under the broker's maximum
+packet size, on these topics under ``prefix`` (``<session>`` is the session id of the client's
+hello, ``<hub>`` the hub's id, which its welcome names):
 
-- ``prefix/up/<client>``: everything a client sends the hub: ``hello``, data, ``bye``, and the
-  client's last will (a ``bye`` the broker publishes when the client's connection dies);
+- ``prefix/up/<client>/<session>``: the client's hello, data and bye, and its will (a ``bye``
+  with ``will: true`` that the broker publishes when the client's connection dies);
+- ``prefix/ctl/<client>/<session>``: the hub's welcome or refuse;
+- ``prefix/down/<client>/<session>``: the hub's messages to one client;
 - ``prefix/down``: broadcasts (the broker's fan-out: one publish reaches every client);
-- ``prefix/down/<client>``: messages to one client;
-- ``prefix/ctl/<client>``: the hub's ``welcome``; ``prefix/ctl``: the hub's ``bye`` (and its will).
+- ``prefix/hub/<hub>``: the hub's bye, and its will.
 
-A client subscribes to its topics before it says hello, and repeats the hello until the hub
-welcomes it, so neither start order nor a late hub loses a message. Each hello carries a fresh
-session id, and a ``bye`` only counts for the session it names: a reconnected client is not
-dropped by its old connection's will. Client-to-hub control shares the data topic so that MQTT's
-per-topic ordering keeps a client's data ahead of its goodbye.
+The session (``docs/session.md``) runs on :class:`HubSession` and :class:`ClientSession`. A
+client subscribes before it says hello and repeats the hello until welcomed, so neither start
+order nor a late hub loses a message. Sessions are named in the topics: a stale will or a
+stranger's bye cannot end a newer session, and the hub reads a topic with no open session under
+the small hello limits, taking nothing from it but a hello.
+
+Both sides keep themselves connected: paho reconnects with backoff, the MQTT session (clean
+start off, an expiry) keeps subscriptions and queued messages on a broker that keeps them, and
+publishes the broker had not acknowledged are sent again (a receiver drops a repeated message
+id). A will does not end a session at once: the peer has ``WILL_GRACE_S`` seconds of connected
+time to say hello again, because Mosquitto sends every will when it shuts down.
 
 Publishing waits for the broker's acknowledgement of each chunk (PUBACK at QoS 1, PUBCOMP at
 QoS 2; the socket write at QoS 0), a window of them in flight, so a send returns when the broker
@@ -39,15 +48,31 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import numpy as np
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
+from tensorwire.codecs import get_codec
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
 from tensorwire.transports.base import (
-    PROTOCOL_VERSION,
     Channel,
     Hub,
-    control_message,
+    Inbox,
+    _log_limited,
     deadline_after,
+    default_client_id,
+    dial,
     remaining,
+)
+from tensorwire.transports.session import (
+    HELLO_LIMITS,
+    ClientSession,
+    Closed,
+    Data,
+    HubSession,
+    Joined,
+    State,
+    Welcomed,
+    bye,
 )
 from tensorwire.transports.url import host_port
 from tensorwire.wire import (
@@ -57,6 +82,9 @@ from tensorwire.wire import (
     EncodedMessage,
     Limits,
     Message,
+    PartialMessage,
+    decode_message,
+    encode_message,
     iter_chunks,
     new_message_id,
     parse_chunk,
@@ -86,9 +114,20 @@ KEEPALIVE_S = 180
 # retransmission backoff can stall one connection for tens of seconds: waiting 30 s then
 # dropped whole updates at 20 % loss. So wait long; this only bounds a vanished sender's memory.
 REASSEMBLY_TIMEOUT_S = {0: 30.0, 1: 600.0, 2: 600.0}
+HANDSHAKE_TIMEOUT_S = 10.0  # a chunked message on a topic with no open session, likewise
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before disconnecting anyway
 HELLO_RETRY_S = (0.2, 2.0)  # first and longest wait for a welcome before saying hello again
-_HUB_BYE = object()  # in a channel's inbox: the hub said goodbye
+RECONNECT_DELAY_S = (0.1, 2.0)  # first and longest wait between attempts to reach the broker
+# Seconds the broker keeps a disconnected link's session (subscriptions, queued messages).
+# Longer rides out longer outages, but the broker queues a vanished client's messages as long.
+SESSION_EXPIRY_S = 300
+MAX_OUTAGE_S = SESSION_EXPIRY_S  # a send without deadline gives up on a broker gone this long
+# Seconds of connected time a peer whose will came has to say hello (or answer one) again:
+# Mosquitto publishes every will when it shuts down, so a restart must not end the sessions.
+# Covers the longest reconnect backoff plus a hello's round trip, with room for a busy host.
+WILL_GRACE_S = 8.0
+TICK_S = 0.5  # how often partial messages are expired and graces checked
+_CONTROL_BYTES = PREFIX_SIZE + HELLO_LIMITS.max_header_bytes + HELLO_LIMITS.max_message_bytes
 _NO_ENTRY = (134, 135)  # CONNACK reasons "bad user name or password", "not authorized"
 
 
@@ -141,20 +180,38 @@ class MqttSettings:
             chunk_bytes=chunk_bytes,
         )
 
-    def up(self, client_id: str) -> str:
-        return f"{self.prefix}/up/{client_id}"
+    def up(self, client_id: str, session: str) -> str:
+        """Client to hub: hello, data, bye and the client's will."""
+        return f"{self.prefix}/up/{client_id}/{session}"
 
-    def down(self, client_id: str | None = None) -> str:
-        return f"{self.prefix}/down" + (f"/{client_id}" if client_id else "")
+    def ctl(self, client_id: str, session: str) -> str:
+        """Hub to one session: welcome or refuse."""
+        return f"{self.prefix}/ctl/{client_id}/{session}"
 
-    def ctl(self, client_id: str | None = None) -> str:
-        return f"{self.prefix}/ctl" + (f"/{client_id}" if client_id else "")
+    def down(self, client_id: str | None = None, session: str | None = None) -> str:
+        """Hub to one session's client; without arguments, the broadcast topic."""
+        if client_id is None or session is None:
+            return f"{self.prefix}/down"
+        return f"{self.prefix}/down/{client_id}/{session}"
+
+    def hub(self, hub_id: str = "+") -> str:
+        """The hub's bye and will; ``+`` (the default) is every hub's, for subscribing."""
+        return f"{self.prefix}/hub/{hub_id}"
 
 
-def _control(kind: str, meta: dict[str, Any]) -> bytes:
-    """A small control message as the one chunk that carries it."""
-    enc = control_message(kind, meta)
-    return b"".join(next(iter_chunks(enc.frames(), new_message_id(), enc.nbytes)))
+def _one_chunk(enc: EncodedMessage) -> bytes:
+    """A small message as the one chunk that carries it, under a fresh message id (a receiver
+    drops a chunk whose id it has completed, so each publish of a control message needs one)."""
+    return b"".join(next(iter_chunks(enc.frames(), new_message_id(), max(enc.nbytes, 1))))
+
+
+def _will(reason: str) -> EncodedMessage:
+    """The ``bye`` the broker publishes for us when our connection dies unannounced."""
+    return encode_message(None, {"reason": reason, "will": True}, kind="bye")
+
+
+def _is_will(msg: Message) -> bool:
+    return msg.kind == "bye" and msg.meta.get("will") is True
 
 
 def _no_delay(_client: Any, _userdata: Any, sock: Any) -> None:
@@ -163,132 +220,241 @@ def _no_delay(_client: Any, _userdata: Any, sock: Any) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class _Link:
-    """One paho client on its own network thread: connect, subscribe, publish chunked messages.
+def _run_safely(job: Callable[[], None], where: str) -> None:
+    """Run ``job``; a bug in it is logged and does not end the thread that runs it."""
+    try:
+        job()
+    except Exception:
+        log.exception("mqtt: %s failed", where)
 
-    ``on_message(topic, payload)`` and ``on_lost(reason)`` (the connection died unasked) are
-    called from the network thread.
+
+def _lost_message(what: str, lost: PartialMessage) -> None:
+    missing = sum(n for _, n in lost.missing)
+    _log_limited(
+        f"mqtt lost {what} {lost.source}",
+        f"mqtt: {what} gave up on a message on {lost.source}: {missing} of its "
+        f"{lost.total_length} bytes ({len(lost.missing)} ranges) never came",
+    )
+
+
+class _Chunks:
+    """Chunks in, whole messages out: a :class:`ChunkReassembler` keyed by topic that notes when
+    each message's first chunk came (``time.perf_counter()``, for transfer records).
+
+    Fed from the network thread and expired from a worker, hence the lock.
+    """
+
+    def __init__(self, max_message_bytes: int, timeout: float) -> None:
+        self._chunks = ChunkReassembler(max_message_bytes=max_message_bytes, timeout=timeout)
+        self._first: dict[tuple[str, int], float] = {}  # (topic, message id) of pending ones
+        self._lock = threading.Lock()
+
+    def feed(self, payload: bytes, topic: str) -> tuple[np.ndarray, float] | None:
+        """Add a chunk; ``(message bytes, first chunk's time)`` when it completes a message.
+        Raises ``WireError`` for a chunk that is malformed, inconsistent or over the limit."""
+        now = time.perf_counter()
+        head = parse_chunk(payload)[0]
+        key = (topic, head.message_id)
+        with self._lock:
+            buf = self._chunks.feed(payload, now, topic)
+            if buf is not None:
+                return buf, self._first.pop(key, now)
+            if key not in self._first and self._chunks.is_pending(head.message_id, topic):
+                self._first[key] = now
+        return None
+
+    def expire(self) -> list[PartialMessage]:
+        """The messages given up on (no chunk for the timeout, or evicted to make room)."""
+        with self._lock:
+            lost = self._chunks.expire(time.perf_counter())
+            for p in lost:
+                self._first.pop((p.source, p.message_id), None)
+        return lost
+
+
+class _Link:
+    """One paho client on its own network thread that stays connected for as long as it lives.
+
+    It keeps one MQTT session (clean start off, ``SESSION_EXPIRY_S``): after a loss paho
+    reconnects with backoff and sends again what the broker had not acknowledged, and if the
+    broker lost the session the link subscribes again. ``on_message(topic, payload)``,
+    ``on_lost(detail)`` and ``on_back(detail, kept)`` (``kept``: the broker still had our
+    session) are called from the network thread and must not wait on it.
     """
 
     def __init__(
         self,
         settings: MqttSettings,
         *,
-        will: tuple[str, bytes],
+        will: tuple[str, EncodedMessage],
+        subscriptions: Sequence[str],
         on_message: Callable[[str, bytes], None],
         on_lost: Callable[[str], None],
+        on_back: Callable[[str, bool], None],
     ) -> None:
         self.settings = settings
+        self.address = f"{settings.host}:{settings.port}"
+        self.max_packet = MQTT_MAX_PACKET
+        self.up = False  # connected now
+        self._will = will
+        self._subscriptions = list(subscriptions)
         self._on_message = on_message
         self._on_lost = on_lost
-        self.max_packet = MQTT_MAX_PACKET
+        self._on_back = on_back
         self._cond = threading.Condition()
-        self._connack: Any = None  # the CONNACK's reason code, once it came
-        self._subacks: dict[int, list[Any]] = {}
+        self._connack: Any = None  # the first CONNACK's reason code, once it came
+        self._subacks: dict[int, list[Any] | None] = {}  # awaited SUBACKs: None until it came
         self._closing = False
-        self.lost: str | None = None
+        self._down_since: float | None = None  # monotonic, while the connection is lost
+        self._generation = 0  # connections made: a QoS 0 publish is lost with its connection
+        self.sessions_lost = 0  # reconnects that found our session gone, and what it held
         client = paho.Client(
             CallbackAPIVersion.VERSION2,
             client_id=f"tw-{uuid.uuid4().hex[:20]}",
             protocol=MQTTProtocolVersion.MQTTv5,
-            reconnect_on_failure=False,  # a lost session is reported, not silently re-made
         )
+        client.suppress_exceptions = True  # a callback's bug is logged, never ends the thread
+        client.reconnect_delay_set(*RECONNECT_DELAY_S)
         if settings.username is not None:
             client.username_pw_set(settings.username, settings.password)
-        client.will_set(will[0], will[1], qos=settings.qos)
         client.on_socket_open = _no_delay
         client.on_connect = self._connected
         client.on_disconnect = self._disconnected
         client.on_subscribe = self._subscribed
-        client.on_message = lambda _c, _u, msg: self._on_message(msg.topic, msg.payload)
+        client.on_message = self._received
         self._client = client
+        self._arm_will()
+
+    def _arm_will(self) -> None:
+        """Set the will for the next connection, under a fresh message id."""
+        topic, enc = self._will
+        self._client.will_set(topic, _one_chunk(enc), qos=self.settings.qos)
 
     # -- network thread ---------------------------------------------------------------
 
-    def _connected(self, _c: Any, _u: Any, _flags: Any, reason: Any, props: Any) -> None:
+    def _received(self, _c: Any, _u: Any, msg: paho.MQTTMessage) -> None:
+        _run_safely(lambda: self._on_message(msg.topic, msg.payload), "handling a message")
+
+    def _connected(self, client: Any, _u: Any, flags: Any, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            with self._cond:
+                first = self._connack is None
+                if first:
+                    self._connack = reason
+                    self._cond.notify_all()
+            if not first:
+                log.warning(
+                    "mqtt: the broker at %s refused to take us back: %s", self.address, reason
+                )
+            return
         size = getattr(props, "MaximumPacketSize", None)
         with self._cond:
+            first = self._connack is None
+            kept = first or bool(flags.session_present)
+            if first:
+                self._connack = reason
             if size:
                 self.max_packet = min(int(size), MQTT_MAX_PACKET)
-            self._connack = reason
+            self.up = True
+            self._down_since = None
+            self._generation += 1
+            self.sessions_lost += not kept
             self._cond.notify_all()
+        if first:
+            return
+        if not kept:  # queued ahead of the publishes paho sends again after this callback
+            client.subscribe([(t, self.settings.qos) for t in self._subscriptions])
+        detail = f"back on the broker at {self.address}" + (
+            ""
+            if kept
+            else "; it had lost our session (does it keep none?), so messages to us while it "
+            "was down may be lost"
+        )
+        self._on_back(detail, kept)
 
     def _disconnected(self, _c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
         with self._cond:
             if self._closing:
                 return
-            self.lost = f"lost the connection to the broker ({reason})"
+            was_up, self.up = self.up, False
+            if self._down_since is None:
+                self._down_since = time.monotonic()
             self._cond.notify_all()
-            established = self._connack is not None and not self._connack.is_failure
-        if established:  # a refused connect is reported by connect() itself
-            log.warning("mqtt: %s", self.lost)
-            self._on_lost(self.lost)
+        self._arm_will()  # a second will under the first's id would be dropped as a repeat
+        if was_up:
+            self._on_lost(f"lost the connection to the broker at {self.address} ({reason})")
 
     def _subscribed(self, _c: Any, _u: Any, mid: int, codes: list[Any], _props: Any) -> None:
         with self._cond:
-            self._subacks[mid] = codes
-            self._cond.notify_all()
+            if mid in self._subacks:
+                self._subacks[mid] = codes
+                self._cond.notify_all()
+                return
+        refused = [c for c in codes if c.is_failure]
+        if refused:
+            log.error("mqtt: the broker refused our subscriptions again: %s", refused)
 
     # -- caller's thread --------------------------------------------------------------
 
-    def _address(self) -> str:
-        return f"{self.settings.host}:{self.settings.port}"
-
     def connect(self, deadline: float | None, timeout: float | None) -> None:
-        """Connect (retrying while nothing listens) and wait for the broker's CONNACK."""
-        delay = 0.02
-        while True:
-            try:
-                self._client.connect(
-                    self.settings.host, self.settings.port, KEEPALIVE_S, clean_start=True
-                )
-                break
-            except OSError as exc:  # broker not up yet: keep trying until the deadline
-                left = remaining(deadline)
-                if left is not None and left <= delay:
-                    raise TransportTimeout(
-                        f"no MQTT broker answers at {self._address()} within {timeout} s "
-                        f"({exc}); start one (apt-get install mosquitto), or use "
-                        "tensorwire.transports.brokers.ensure_mosquitto"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-        self._client.loop_start()
-        with self._cond:
-            while self._connack is None and self.lost is None:
-                left = remaining(deadline)
-                if left == 0.0:
-                    break
-                self._cond.wait(left)
-            reason = self._connack
-        if reason is not None and not reason.is_failure:
-            return
-        self.close()
-        if reason is None and self.lost:
-            raise TransportError(f"the broker at {self._address()} hung up before accepting")
-        if reason is None:
-            raise TransportTimeout(f"the broker at {self._address()} did not accept in time")
-        hint = " (check the user and password in the URL)" if reason.value in _NO_ENTRY else ""
-        raise TransportError(
-            f"the broker at {self._address()} refused the connection: {reason}{hint}"
+        """Connect (retrying while nothing listens), wait for the CONNACK, then subscribe."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = SESSION_EXPIRY_S
+        s = self.settings
+        dial(
+            # clean_start=False from the first connect: Mosquitto saves no session that began
+            # clean; the client id is fresh, so there is nothing stale to resume.
+            lambda _deadline: self._client.connect(
+                s.host, s.port, KEEPALIVE_S, clean_start=False, properties=props
+            ),
+            what=f"an MQTT broker at {self.address} (start one: apt-get install mosquitto, or "
+            "use tensorwire.transports.brokers.ensure_mosquitto)",
+            timeout=remaining(deadline),
         )
+        self._client.loop_start()
+        try:
+            with self._cond:
+                self._cond.wait_for(lambda: self._connack is not None, remaining(deadline))
+                reason = self._connack
+            if reason is None:
+                raise TransportTimeout(
+                    f"the broker at {self.address} did not accept in {timeout} s"
+                )
+            if reason.is_failure:
+                hint = (
+                    " (check the user and password in the URL)" if reason.value in _NO_ENTRY else ""
+                )
+                raise TransportError(
+                    f"the broker at {self.address} refused the connection: {reason}{hint}"
+                )
+            self._subscribe(deadline)
+        except BaseException:
+            self.close()
+            raise
 
-    def subscribe(self, topics: Sequence[str], deadline: float | None) -> None:
-        """Subscribe to ``topics`` at the link's QoS and wait until the broker confirms."""
-        rc, mid = self._client.subscribe([(t, self.settings.qos) for t in topics])
-        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise PeerGone(f"could not subscribe to {list(topics)}: {paho.error_string(rc)}")
-        with self._cond:
-            while mid not in self._subacks:
-                left = remaining(deadline)
-                if self.lost or left == 0.0:
-                    raise TransportTimeout(f"the broker did not confirm subscribing to {topics}")
-                self._cond.wait(left)
-            codes = self._subacks.pop(mid)
+    def _subscribe(self, deadline: float | None) -> None:
+        """Subscribe to the link's topics at its QoS and wait until the broker confirms."""
+        topics = self._subscriptions
+        with self._cond:  # registered before the SUBACK can come
+            rc, mid = self._client.subscribe([(t, self.settings.qos) for t in topics])
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                raise PeerGone(f"could not subscribe to {topics}: {paho.error_string(rc)}")
+            self._subacks[mid] = None
+            try:  # paho does not repeat a SUBSCRIBE the lost connection took with it
+                self._cond.wait_for(
+                    lambda: self._subacks[mid] is not None or not self.up, remaining(deadline)
+                )
+            finally:
+                codes = self._subacks.pop(mid)
+        if codes is None:
+            raise TransportTimeout(
+                f"the broker at {self.address} did not confirm subscribing to {topics}"
+                + ("" if self.up else ": the connection dropped")
+            )
         refused = [t for t, c in zip(topics, codes, strict=True) if c.is_failure]
         if refused:
             raise TransportError(
-                f"the broker at {self._address()} refused subscriptions to {refused}: {codes}"
+                f"the broker at {self.address} refused subscriptions to {refused}: {codes}"
             )
 
     def chunk_payload(self, topic: str, total: int) -> int:
@@ -318,85 +484,117 @@ class _Link:
         )
 
     def publish_chunks(self, topic: str, payloads: Iterable[bytes], deadline: float | None) -> None:
-        """Publish ``payloads`` in order, a window of them unacknowledged; return when acked."""
-        window: collections.deque[tuple[paho.MQTTMessageInfo, int]] = collections.deque()
+        """Publish ``payloads`` in order, a window of them unacknowledged; return when acked.
+
+        While the broker is unreachable this waits for it, until ``deadline``
+        (:class:`TransportTimeout`) or ``MAX_OUTAGE_S`` of outage (:class:`PeerGone`); what was
+        handed over before the outage is sent again when it is back, and may still arrive after
+        a timeout (MQTT cannot take a publish back). :class:`TransportError` says the message
+        may be lost: at QoS 0 a chunk went with the connection, or the broker came back without
+        our session while the message was in flight.
+        """
+        sessions_lost = self.sessions_lost
+        window: collections.deque[tuple[paho.MQTTMessageInfo, int, int]] = collections.deque()
         in_flight = 0
         for payload in payloads:
-            window.append((self._publish(topic, payload), len(payload)))
+            info, generation = self._hand_over(topic, payload, deadline)
+            window.append((info, generation, len(payload)))
             in_flight += len(payload)
             while in_flight > WINDOW_BYTES:
-                info, n = window.popleft()
-                self._wait(info, deadline)
+                info, generation, n = window.popleft()
+                self._wait(info, generation, deadline)
                 in_flight -= n
-        for info, _ in window:
-            self._wait(info, deadline)
+        for info, generation, _ in window:
+            self._wait(info, generation, deadline)
+        if self.sessions_lost != sessions_lost:
+            raise TransportError(
+                f"the broker at {self.address} came back without our session while this message "
+                "was in flight (does it keep none?): its subscribers may not have been there"
+            )
 
     def publish_nowait(self, topic: str, payload: bytes) -> None:
-        """Queue a small payload for publishing (safe from the network thread: no waiting)."""
-        self._publish(topic, payload)
-
-    def _publish(self, topic: str, payload: bytes) -> paho.MQTTMessageInfo:
-        if self.lost:
-            raise PeerGone(self.lost)
+        """Queue a small payload without waiting, from any thread: it goes now or, at QoS 1/2,
+        when the connection is back (at QoS 0 it is dropped while down, and logged)."""
         info = self._client.publish(topic, payload, qos=self.settings.qos)
-        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-            raise PeerGone(f"could not publish on {topic!r}: {paho.error_string(info.rc)}")
-        return info
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and (
+            info.rc != MQTTErrorCode.MQTT_ERR_NO_CONN or not self.settings.qos
+        ):
+            log.info("mqtt: could not publish on %s: %s", topic, paho.error_string(info.rc))
 
-    def _wait(self, info: paho.MQTTMessageInfo, deadline: float | None) -> None:
-        # paho wakes this on the acknowledgement; the 1 s slices notice a lost connection.
+    def _check_usable(self) -> None:
+        """Raise :class:`PeerGone` if the link is closed or the broker gone too long (under
+        ``_cond``)."""
+        if self._closing:
+            raise PeerGone("the connection to the broker is closed")
+        if self._down_since is not None and time.monotonic() - self._down_since > MAX_OUTAGE_S:
+            raise PeerGone(
+                f"the broker at {self.address} has been unreachable for over {MAX_OUTAGE_S} s"
+            )
+
+    def _outage(self) -> str:
+        since = self._down_since
+        return "" if since is None else f" (unreachable for {time.monotonic() - since:.1f} s)"
+
+    def _hand_over(
+        self, topic: str, payload: bytes, deadline: float | None
+    ) -> tuple[paho.MQTTMessageInfo, int]:
+        """Give paho one payload once the broker connection is up; return its info and the
+        connection's generation."""
+        with self._cond:
+            while not self.up:
+                self._check_usable()
+                left = remaining(deadline)
+                if left == 0.0:
+                    raise TransportTimeout(
+                        f"the broker at {self.address} is unreachable{self._outage()}: not sent"
+                    )
+                self._cond.wait(1.0 if left is None else min(left, 1.0))  # 1 s: outage limit
+            generation = self._generation
+        info = self._client.publish(topic, payload, qos=self.settings.qos)
+        if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and self.settings.qos:
+            # lost just now: paho keeps it and sends it once reconnected; the rc would make
+            # is_published() raise although the PUBACK will mark it published
+            info.rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        elif info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise TransportError(f"could not publish on {topic!r}: {paho.error_string(info.rc)}")
+        return info, generation
+
+    def _wait(self, info: paho.MQTTMessageInfo, generation: int, deadline: float | None) -> None:
+        # paho wakes this on the acknowledgement; the 1 s slices notice a closed link.
         while not info.is_published():
-            if self.lost:
-                raise PeerGone(self.lost)
+            with self._cond:
+                self._check_usable()
+                if not self.settings.qos and (self._generation != generation or not self.up):
+                    raise TransportError(
+                        f"a QoS 0 publish was lost with the connection to {self.address}"
+                    )
             left = remaining(deadline)
             if left == 0.0:
-                raise TransportTimeout("the broker did not acknowledge the message in time")
+                raise TransportTimeout(
+                    f"the broker did not acknowledge the message in time{self._outage()}"
+                )
             info.wait_for_publish(1.0 if left is None else min(left, 1.0))
 
     def close(self, graceful: bool = True) -> None:
-        """Disconnect (``graceful``: the broker discards the will) and stop the network thread."""
+        """Disconnect and stop the network thread. ``graceful``: the broker ends our session
+        and discards the will; otherwise the connection just dies (as when the process is
+        killed) and the will goes out."""
         with self._cond:
+            if self._closing:
+                return
             self._closing = True
+            self.up = False
+            self._cond.notify_all()
         if graceful:
-            self._client.disconnect()
-        else:  # the connection just dies, as when the process is killed: the will goes out
+            props = Properties(PacketTypes.DISCONNECT)
+            props.SessionExpiryInterval = 0
+            self._client.disconnect(properties=props)
+        else:
             sock = self._client.socket()
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
         self._client.loop_stop()  # the network thread closes the socket as it ends
-
-
-class _Reassembly:
-    """Chunks in, whole messages out, per sender; notes when each message's first chunk came."""
-
-    def __init__(self, limits: Limits, timeout: float) -> None:
-        most = PREFIX_SIZE + limits.max_header_bytes + limits.max_message_bytes
-        self._chunks = ChunkReassembler(max_message_bytes=most, timeout=timeout)
-        self._first: dict[tuple[str, int], float] = {}
-
-    def feed(self, payload: bytes, source: str) -> tuple[np.ndarray, float] | None:
-        """Add a chunk from ``source``; return ``(message bytes, first chunk's perf_counter)``
-        when it completes a message. Raises ``WireError`` for a bad chunk."""
-        now = time.perf_counter()
-        for lost in self._chunks.expire(now):
-            self._first.pop((lost.source, lost.message_id), None)
-            log.warning(
-                "mqtt: gave up on a message from %r: %d byte ranges never came",
-                lost.source,
-                len(lost.missing),
-            )
-        key = (source, parse_chunk(payload)[0].message_id)
-        first = self._first.setdefault(key, now)
-        try:
-            buf = self._chunks.feed(payload, now, source)
-        except WireError:
-            self._first.pop(key, None)
-            raise
-        if buf is None:
-            return None
-        del self._first[key]
-        return buf, first
 
 
 def _check_client_id(client_id: str) -> str:
@@ -407,10 +605,22 @@ def _check_client_id(client_id: str) -> str:
     return client_id
 
 
+@dataclass(eq=False)
+class _Client:
+    """A client's open session on the hub."""
+
+    session: HubSession
+    sid: str  # its session id, the last level of its topics
+    suspect_until: float | None = None  # monotonic: must say hello again by then (will came)
+    why: str = ""  # the reason it leaves with if it does not
+    unsure: bool = False  # the broker lost the sessions: subscribed again only once it says hello
+
+
 class MqttHub(Hub):
     """Hub on the topics under an ``mqtt://host:port/prefix`` URL's prefix (see the module doc).
 
     ``qos`` and ``chunk_bytes`` override the URL's query; ``timeout`` bounds reaching the broker.
+    ``authenticate`` runs on the MQTT network thread: it must not send.
     """
 
     protocol = "mqtt"
@@ -427,9 +637,15 @@ class MqttHub(Hub):
         super().__init__(**options)
         self.settings = s = MqttSettings.from_url(url, qos, chunk_bytes)
         self.url = url
-        self._sessions: dict[str, str] = {}  # client id -> the session it said hello with
-        self._reassembly = _Reassembly(self.limits, REASSEMBLY_TIMEOUT_S[s.qos])
-        self._up = s.up("")
+        self.hub_id = uuid.uuid4().hex  # names this hub's topic; its welcomes carry it
+        self._lock = threading.Lock()
+        self._clients: dict[str, _Client] = {}  # open sessions, by client id
+        self._back = threading.Condition(self._lock)  # a client was sure again, or left
+        self._medium_up = True
+        most = PREFIX_SIZE + self.limits.max_header_bytes + self.limits.max_message_bytes
+        self._member_chunks = _Chunks(most, REASSEMBLY_TIMEOUT_S[s.qos])
+        self._stranger_chunks = _Chunks(_CONTROL_BYTES, HANDSHAKE_TIMEOUT_S)
+        self._up_prefix = f"{s.prefix}/up/"
         # Whole messages are decoded and handled off the network thread, so that a callback
         # (on_join, say) may send, which needs that thread to take the broker's PUBACKs.
         self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -439,91 +655,217 @@ class MqttHub(Hub):
         self._worker.start()
         self._link = _Link(
             s,
-            will=(s.ctl(), _control("bye", {"reason": "the hub's connection died"})),
+            will=(s.hub(self.hub_id), _will("the hub's connection died")),
+            subscriptions=[s.up("+", "+")],
             on_message=self._on_message,
-            on_lost=self._on_lost,
+            on_lost=lambda detail: self._work.put(functools.partial(self._medium_lost, detail)),
+            on_back=lambda detail, kept: self._work.put(
+                functools.partial(self._medium_back, detail, kept)
+            ),
         )
-        deadline = deadline_after(timeout)
         try:
-            self._link.connect(deadline, timeout)
-            try:
-                self._link.subscribe([s.up("+")], deadline)
-            except TransportError:
-                self._link.close()
-                raise
-        except TransportError:
+            self._link.connect(deadline_after(timeout), timeout)
+        except BaseException:
             self._work.put(None)
             raise
 
     # -- network thread ---------------------------------------------------------------
 
     def _on_message(self, topic: str, payload: bytes) -> None:
-        cid = topic[len(self._up) :]
-        try:
-            done = self._reassembly.feed(payload, cid)
+        cid, _, sid = topic[len(self._up_prefix) :].partition("/")
+        with self._lock:
+            client = self._clients.get(cid)
+        if client is not None and client.sid == sid:
+            try:
+                done = self._member_chunks.feed(payload, topic)
+            except WireError as exc:
+                self._rejected(cid, exc)
+                return
+            if done is not None:
+                self._work.put(functools.partial(self._handle, cid, client, *done))
+            return
+        try:  # no open session here: a hello, or a stranger's, read under the hello limits
+            done = self._stranger_chunks.feed(payload, topic)
+            if done is None:
+                return
+            msg = decode_message(done[0], limits=HELLO_LIMITS, codec_lookup=get_codec)
         except WireError as exc:
             self._rejected(cid, exc)
             return
-        if done is not None:
-            self._work.put(functools.partial(self._handle, cid, *done))
+        if msg.kind == "hello":
+            self._open(cid, sid, msg)
+        elif msg.kind == "bye":
+            log.debug("mqtt: a bye for %r's session %s, which is not open", cid, sid)
+        else:
+            self._rejected(
+                cid, SessionRefused(f"a {msg.kind!r} message on {topic}: say hello first")
+            )
 
-    def _on_lost(self, reason: str) -> None:
-        self._work.put(functools.partial(self._forget_all, f"the hub {reason}"))
+    def _open(self, cid: str, sid: str, msg: Message) -> None:
+        """A hello on a topic with no open session: open one (a new client, or a client's newer
+        session), or refuse it."""
+        session = HubSession(**self._session_options(), welcome_meta={"hub": self.hub_id})
+        try:
+            joined = session.receive(msg)
+            assert isinstance(joined, Joined)  # in its first state a session joins or raises
+            hello = joined.hello
+            if (hello.client_id, hello.session) != (cid, sid):
+                raise SessionRefused(
+                    f"a hello on the topics of client {cid!r}, session {sid!r} must name both"
+                )
+        except SessionRefused as exc:
+            self._link.publish_nowait(self.settings.ctl(cid, sid), _one_chunk(session.refusal(exc)))
+            self._work.put(functools.partial(self._refused, cid, exc))
+            return
+        client = _Client(session, sid)
+        with self._lock:  # from now on this session's chunks are a member's
+            self._clients[cid] = client
+        self._work.put(functools.partial(self._admit, cid, client))
 
     # -- worker thread ----------------------------------------------------------------
 
     def _work_loop(self) -> None:
-        while (job := self._work.get()) is not None:
-            job()
+        next_tick = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + TICK_S
+                _run_safely(self._tick, "the hub's tick")
+            try:
+                job = self._work.get(timeout=max(next_tick - time.monotonic(), 0.001))
+            except queue.Empty:
+                continue
+            if job is None:
+                return
+            _run_safely(job, "the hub's worker")
 
-    def _handle(self, cid: str, buf: np.ndarray, first_byte_at: float) -> None:
+    def _current(self, cid: str, client: _Client) -> bool:
+        with self._lock:
+            return self._clients.get(cid) is client
+
+    def _admit(self, cid: str, client: _Client) -> None:
+        hello = client.session.hello
+        if hello is None or not self._current(cid, client):
+            return  # replaced before it was admitted
+        self._joined(cid, hello.decoders, session=client, max_message_bytes=hello.max_message_bytes)
+        self._welcome(cid, client)
+
+    def _welcome(self, cid: str, client: _Client) -> None:
+        self._link.publish_nowait(
+            self.settings.ctl(cid, client.sid), _one_chunk(client.session.welcome())
+        )
+
+    def _handle(self, cid: str, client: _Client, buf: np.ndarray, first_byte_at: float) -> None:
+        """A whole message from a member's session, in the order its chunks came."""
+        if not self._current(cid, client):
+            log.info("mqtt: dropped a message of %r's session %s, which ended", cid, client.sid)
+            return
         try:
             msg = self._decode_whole(buf, first_byte_at)
         except WireError as exc:
             self._rejected(cid, exc)
             return
-        if msg.kind == "data":
-            if cid in self._sessions:
-                self._delivered(cid, msg)
-            else:
-                log.warning("mqtt: dropped a message from %r, which has not said hello", cid)
-        elif msg.kind == "hello":
-            self._hello(cid, msg)
-        elif msg.kind == "bye":
-            if cid in self._sessions and msg.meta.get("session") == self._sessions[cid]:
-                del self._sessions[cid]
-                self._left(cid, str(msg.meta.get("reason", "said goodbye")))
-        else:
-            log.debug("mqtt: ignoring %r message from %r", msg.kind, cid)
-
-    def _hello(self, cid: str, msg: Message) -> None:
-        meta = msg.meta
-        decoders, session = meta.get("decoders"), meta.get("session")
-        if (
-            meta.get("client_id") != cid
-            or not isinstance(session, str)
-            or not isinstance(decoders, list)
-            or not all(isinstance(d, str) for d in decoders)
-        ):
-            log.warning("mqtt: refused a hello on %s: wrong client_id, session or decoders", cid)
+        if msg.kind == "hello":  # asked again: missed the welcome, reconnected, or probes us
+            client.session.receive(msg)
+            with self._back:  # it subscribed before it said hello: sends to it may go now
+                client.suspect_until, client.unsure = None, False
+                self._back.notify_all()
+            self._welcome(cid, client)
             return
-        welcome = {"decoders": self.decoders, "version": PROTOCOL_VERSION, "session": session}
-        self._link.publish_nowait(self.settings.ctl(cid), _control("welcome", welcome))
-        if self._sessions.get(cid) != session:  # not a repeated hello
-            self._sessions[cid] = session
-            self._joined(cid, frozenset(decoders))
+        if _is_will(msg):
+            log.info(
+                "mqtt: client %r: its connection died; it has %s s to come back", cid, WILL_GRACE_S
+            )
+            client.suspect_until = time.monotonic() + WILL_GRACE_S
+            client.why = "connection lost"
+            return
+        event = client.session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(cid, msg)
+        elif isinstance(event, Closed):
+            self._drop_client(cid, client, event.reason)
+        else:
+            log.debug("mqtt: %r: %s", cid, event)
 
-    def _forget_all(self, reason: str) -> None:
-        for cid in list(self._sessions):
-            del self._sessions[cid]
-            self._left(cid, reason)
+    def _drop_client(self, cid: str, client: _Client, reason: str) -> None:
+        with self._back:
+            if self._clients.get(cid) is client:
+                del self._clients[cid]
+                self._back.notify_all()
+        self._left(cid, reason, session=client)
+
+    def _medium_lost(self, detail: str) -> None:
+        with self._lock:
+            self._medium_up = False
+        log.warning("mqtt: the hub %s; its clients stay members while it reconnects", detail)
+        self._event("medium-lost", None, detail)
+
+    def _medium_back(self, detail: str, kept: bool) -> None:
+        """Graces restart now; if the broker lost the sessions (and with them the wills of
+        clients that died meanwhile), every client must say hello again within one."""
+        until = time.monotonic() + WILL_GRACE_S
+        with self._lock:
+            self._medium_up = True
+            for client in self._clients.values():
+                if not kept:
+                    client.why = "did not come back after the broker lost its sessions"
+                    client.unsure = True
+                if not kept or client.suspect_until is not None:
+                    client.suspect_until = until
+        log.warning("mqtt: the hub is %s", detail)
+        self._event("medium-back", None, detail)
+
+    def _tick(self) -> None:
+        for lost in self._member_chunks.expire():
+            _lost_message("the hub", lost)
+        for lost in self._stranger_chunks.expire():
+            log.debug("mqtt: gave up on a stranger's message: %r", lost)
+        now = time.monotonic()
+        with self._lock:
+            if not self._medium_up:
+                return  # a grace counts connected time only
+            gone = [
+                (cid, c)
+                for cid, c in self._clients.items()
+                if c.suspect_until is not None and c.suspect_until <= now
+            ]
+        for cid, client in gone:
+            self._drop_client(cid, client, client.why)
 
     # -- caller's thread --------------------------------------------------------------
 
+    def _await_back(self, cids: list[str], deadline: float | None) -> dict[str, Exception]:
+        """Wait until none of ``cids`` is unsure (a message to it now could find it not yet
+        subscribed again); return the error of each that left, or is still unsure at
+        ``deadline`` (without one, after ``MAX_OUTAGE_S``)."""
+        give_up = deadline_after(MAX_OUTAGE_S) if deadline is None else deadline
+        with self._back:
+            self._back.wait_for(
+                lambda: (
+                    not any((c := self._clients.get(cid)) is not None and c.unsure for cid in cids)
+                ),
+                remaining(give_up),
+            )
+            failed: dict[str, Exception] = {}
+            for cid in cids:
+                client = self._clients.get(cid)
+                if client is None:
+                    failed[cid] = PeerGone(f"client {cid!r} is not connected")
+                elif client.unsure:
+                    failed[cid] = TransportTimeout(
+                        f"client {cid!r} has not come back since the broker lost its sessions"
+                    )
+            return failed
+
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
-        if client_id not in self._sessions:
+        failed = self._await_back([client_id], deadline)
+        if failed:
+            raise failed[client_id]
+        with self._lock:
+            client = self._clients.get(client_id)
+        if client is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        self._link.publish(self.settings.down(client_id), enc, deadline)
+        self._link.publish(self.settings.down(client_id, client.sid), enc, deadline)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
@@ -531,17 +873,23 @@ class MqttHub(Hub):
         """One publish on the broadcast topic when every client gets this encoding."""
         if set(clients) != set(self.clients):
             return super()._send_many(clients, enc, deadline)
+        results: dict[str, float | Exception] = dict(self._await_back(clients, deadline))
+        reached = [c for c in clients if c not in results]
+        if not reached:
+            return results
         t = time.perf_counter()
         try:
             self._link.publish(self.settings.down(), enc, deadline)
         except TransportError as exc:
-            return dict.fromkeys(clients, exc)
-        return dict.fromkeys(clients, time.perf_counter() - t)
+            return {**results, **dict.fromkeys(reached, exc)}
+        return {**results, **dict.fromkeys(reached, time.perf_counter() - t)}
 
     def _close_transport(self) -> None:
         with contextlib.suppress(TransportError):
-            bye = _control("bye", {"reason": "the hub closed"})
-            self._link.publish_chunks(self.settings.ctl(), [bye], deadline_after(BYE_TIMEOUT))
+            goodbye = _one_chunk(bye("the hub closed"))
+            self._link.publish_chunks(
+                self.settings.hub(self.hub_id), [goodbye], deadline_after(BYE_TIMEOUT)
+            )
         self._link.close()
         self._work.put(None)
         self._worker.join(timeout=5)
@@ -567,156 +915,278 @@ class MqttChannel(Channel):
         super().__init__(codec, checksum, limits)
         self.url = url
         self.settings = MqttSettings.from_url(url, qos, chunk_bytes)
-        self.client_id = _check_client_id(
-            client_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        )
+        self.client_id = _check_client_id(client_id or default_client_id())
         self._cond = threading.Condition()
         self._closed = True
         self.reconnect(timeout)
 
     def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)connect to the broker, subscribe, and say hello until the hub welcomes us."""
+        """(Re)connect to the broker, subscribe, and say hello until the hub welcomes us; an
+        open session is ended with a bye first."""
         if not self._closed:
-            self._drop()
+            self.close()
         s, cid = self.settings, self.client_id
         deadline = deadline_after(timeout)
-        self._session = uuid.uuid4().hex[:16]
-        self._inbox: collections.deque[Any] = collections.deque()
-        self._reassembly = _Reassembly(self.limits, REASSEMBLY_TIMEOUT_S[s.qos])
-        self._welcome: Message | None = None
-        self._lost: str | None = None
+        session = ClientSession(
+            cid,
+            decoders=self.decoders,
+            max_message_bytes=self.limits.max_message_bytes,
+            where=f"the hub at {self.url}",
+        )
+        sid = session.session
+        self._session, self._hello = session, session.hello()
+        self._up, self._ctl_topic = s.up(cid, sid), s.ctl(cid, sid)
+        self._data_topics = (s.down(), s.down(cid, sid))
+        self._hub_prefix = s.hub("")
+        self._inbox = Inbox()
+        most = PREFIX_SIZE + self.limits.max_header_bytes + self.limits.max_message_bytes
+        self._data = _Chunks(most, REASSEMBLY_TIMEOUT_S[s.qos])
+        self._control = _Chunks(_CONTROL_BYTES, HANDSHAKE_TIMEOUT_S)
+        self._hub_id: str | None = None  # the hub that welcomed us
+        self._error: Exception | None = None  # why the handshake failed
+        self._gone: PeerGone | None = None  # the session ended: the hub left
+        self._unsure = False  # the broker lost the sessions: the hub may not be subscribed
+        self._stopping = False
+        self._ask(deadline)
         self._link = _Link(
             s,
-            will=(
-                s.up(cid),
-                _control("bye", {"session": self._session, "reason": "connection lost"}),
-            ),
+            will=(self._up, _will("connection lost")),
+            subscriptions=[*self._data_topics, self._ctl_topic, s.hub()],
             on_message=self._on_message,
-            on_lost=self._on_lost,
+            on_lost=self._medium_lost,
+            on_back=self._medium_back,
         )
         self._link.connect(deadline, timeout)
-        try:
-            self._link.subscribe([s.down(), s.down(cid), s.ctl(), s.ctl(cid)], deadline)
-            welcome = self._say_hello(deadline, timeout)
-        except TransportError:
-            self._link.close()
-            raise
-        self.hub_decoders = frozenset(welcome.meta.get("decoders", []))
+        self._keeper = threading.Thread(
+            target=self._keep, name=f"tensorwire-mqtt-{cid}", daemon=True
+        )
+        self._keeper.start()
+        with self._cond:
+            self._cond.wait_for(
+                lambda: session.state is not State.AWAIT_WELCOME or self._error is not None,
+                remaining(deadline),
+            )
+            error = self._error
+        if error is None and session.state is not State.OPEN:
+            error = TransportTimeout(
+                f"no hub welcomed {cid!r} at {self.url} within {timeout} s "
+                "(is the hub running, on the same broker and prefix?)"
+            )
+        if error is not None:
+            self._end(goodbye=not isinstance(error, SessionRefused))  # a late welcome is undone
+            raise error
+        welcome = session.welcome
+        assert welcome is not None
+        self.hub_decoders = welcome.decoders
+        self.hub_max_bytes = welcome.max_message_bytes
         self._closed = False
 
-    def _say_hello(self, deadline: float | None, timeout: float) -> Message:
-        """Say hello (again, while unanswered) until the hub's welcome; return the welcome."""
-        hello = _control(
-            "hello",
-            {
-                "client_id": self.client_id,
-                "decoders": self.decoders,
-                "version": PROTOCOL_VERSION,
-                "session": self._session,
-            },
+    def _ask(self, until: float | None) -> None:
+        """Say hello from now on, until the hub welcomes us or ``until`` (monotonic; None: no
+        end) passes; under ``_cond``."""
+        self._asking, self._asking_until = True, until
+        self._hello_due, self._hello_wait = 0.0, HELLO_RETRY_S[0]
+
+    def _fail(self, exc: PeerGone) -> None:
+        """The session is over: ``recv`` raises ``exc`` once the queue is empty, ``send`` at
+        once; under ``_cond``."""
+        if self._gone is None:
+            self._gone = exc
+            self._inbox.fail(exc)
+            self._cond.notify_all()
+
+    def _dropped(self, topic: str, what: object, key: str = "") -> None:
+        """Log, rate-limited per ``key`` (default: the topic), a message dropped unread."""
+        _log_limited(
+            f"mqtt {self.client_id} {key or topic}",
+            f"mqtt: {self.client_id!r} dropped a message on {topic}: {what}",
         )
-        wait = HELLO_RETRY_S[0]
-        while True:
-            self._link.publish_nowait(self.settings.up(self.client_id), hello)
-            left = remaining(deadline)
-            with self._cond:
-                self._cond.wait_for(
-                    lambda: self._welcome is not None or self._lost is not None,
-                    wait if left is None else min(wait, left),
-                )
-                if self._welcome is not None:
-                    return self._welcome
-                if self._lost:
-                    raise PeerGone(self._lost)
-            if remaining(deadline) == 0.0:
-                raise TransportTimeout(
-                    f"no hub welcomed {self.client_id!r} at {self.url} within {timeout} s "
-                    "(is the hub running, on the same broker and prefix?)"
-                )
-            wait = min(wait * 2, HELLO_RETRY_S[1])
 
     # -- network thread ---------------------------------------------------------------
 
     def _on_message(self, topic: str, payload: bytes) -> None:
-        try:
-            done = self._reassembly.feed(payload, "hub")
-        except WireError as exc:
-            log.warning(
-                "mqtt: %r dropped bytes on %s that are no message chunk: %s",
-                self.client_id,
-                topic,
-                exc,
-            )
-            return
-        if done is None:
-            return
-        if topic.startswith(self.settings.down()):
-            with self._cond:
-                self._inbox.append(done)
-                self._cond.notify_all()
+        if topic in self._data_topics:
+            try:
+                done = self._data.feed(payload, topic)
+            except WireError as exc:
+                self._dropped(topic, exc)
+                return
+            if done is not None:  # decoded by recv, into its ``out``
+                self._inbox.put((*done, topic))
             return
         try:
-            msg = self._decode_whole(*done)
+            done = self._control.feed(payload, topic)
+            if done is None:
+                return
+            msg = decode_message(done[0], limits=HELLO_LIMITS, codec_lookup=get_codec)
         except WireError as exc:
-            log.warning(
-                "mqtt: %r dropped a bad control message on %s: %s", self.client_id, topic, exc
-            )
+            self._dropped(topic, exc)
             return
         with self._cond:
-            if msg.kind == "welcome" and msg.meta.get("session") == self._session:
-                self._welcome = msg
-            elif msg.kind == "bye":
-                self._inbox.append(_HUB_BYE)
+            if topic == self._ctl_topic:
+                self._from_hub(msg)
+            elif topic.startswith(self._hub_prefix):
+                self._hub_says(topic[len(self._hub_prefix) :], msg)
             self._cond.notify_all()
 
-    def _on_lost(self, reason: str) -> None:
+    def _from_hub(self, msg: Message) -> None:
+        """A welcome or refuse on our session's control topic (under ``_cond``)."""
+        s = self._session
+        if msg.kind not in ("welcome", "refuse"):
+            self._dropped(self._ctl_topic, f"a {msg.kind!r} message where only welcome goes")
+        elif s.state is State.AWAIT_WELCOME:
+            try:
+                event = s.receive(msg)
+            except TransportError as exc:  # refused, another version, not a hub
+                self._error = exc
+                return
+            if isinstance(event, Welcomed):
+                hub = event.meta.get("hub")
+                if isinstance(hub, str) and hub:
+                    self._hub_id, self._asking = hub, False
+                else:
+                    self._error = TransportError(
+                        f"{self.url}: the welcome names no hub id: is the hub a tensorwire "
+                        "mqtt hub of this version?"
+                    )
+        elif (
+            s.state is State.OPEN
+            and msg.kind == "welcome"
+            and (msg.meta.get("session"), msg.meta.get("hub")) == (s.session, self._hub_id)
+        ):
+            if self._asking:
+                log.info("mqtt: %r: the hub answered; the session goes on", self.client_id)
+            self._asking = self._unsure = False  # it answered a repeated hello: it is there
+        else:
+            self._dropped(self._ctl_topic, f"a {msg.kind} for another session or hub")
+
+    def _hub_says(self, hub_id: str, msg: Message) -> None:
+        """A message on a hub's topic (under ``_cond``): our hub's bye ends the session, its
+        will makes us ask whether it is still there."""
+        topic = self._hub_prefix + hub_id
+        if hub_id != self._hub_id or msg.kind != "bye":  # any hub id: one log key for them all
+            self._dropped(topic, f"a {msg.kind!r} message, not our hub's bye", "hub topics")
+        elif _is_will(msg):
+            _log_limited(  # a stranger may repeat it: it costs hellos, and log lines no more
+                f"mqtt {self.client_id} hub will",
+                f"mqtt: {self.client_id!r}: the hub's connection died; asking if it is back",
+            )
+            self._ask(time.monotonic() + WILL_GRACE_S)
+        else:
+            self._session.receive(msg)
+            self._fail(self._session.closed_error())
+
+    def _medium_lost(self, detail: str) -> None:
+        log.warning("mqtt: %r %s; reconnecting", self.client_id, detail)
+
+    def _medium_back(self, detail: str, kept: bool) -> None:
+        (log.info if kept else log.warning)("mqtt: %r is %s", self.client_id, detail)
         with self._cond:
-            self._lost = reason
+            if self._session.state is State.OPEN:  # is the hub still there? (its will may be lost)
+                self._ask(time.monotonic() + WILL_GRACE_S)
+                self._unsure = self._unsure or not kept
+            else:
+                self._hello_due = 0.0
             self._cond.notify_all()
+
+    # -- keeper thread ----------------------------------------------------------------
+
+    def _keep(self) -> None:
+        """Say hello while asking; end the session when the hub does not answer in time;
+        expire partial messages. A grace counts connected time only."""
+        next_tick = 0.0
+        while True:
+            hello = False
+            with self._cond:
+                if self._stopping:
+                    return
+                if self._gone is not None:
+                    break
+                now = time.monotonic()
+                active = self._asking and self._error is None and self._link.up
+                if active:
+                    if self._asking_until is not None and now >= self._asking_until:
+                        self._asking = False
+                        if self._session.state is State.OPEN:
+                            self._fail(
+                                PeerGone(
+                                    f"the hub at {self.url} did not answer for {WILL_GRACE_S} s "
+                                    "after its connection or ours dropped; call reconnect()"
+                                )
+                            )
+                            continue
+                    elif now >= self._hello_due:
+                        hello = True
+                        self._hello_due = now + self._hello_wait
+                        self._hello_wait = min(self._hello_wait * 2, HELLO_RETRY_S[1])
+                if not hello:
+                    wake = min(next_tick, self._hello_due) if active else next_tick
+                    self._cond.wait(min(max(wake - now, 0.005), TICK_S))
+            if hello:
+                self._link.publish_nowait(self._up, _one_chunk(self._hello))
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + TICK_S
+                for lost in self._data.expire():
+                    _lost_message(repr(self.client_id), lost)
+                self._control.expire()
+        self._link.close()  # the hub is gone: nobody to say goodbye to
 
     # -- caller's thread --------------------------------------------------------------
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
+        give_up = deadline_after(MAX_OUTAGE_S) if deadline is None else deadline
+        with self._cond:  # after the broker lost the sessions, wait for the hub's answer
+            self._cond.wait_for(
+                lambda: not self._unsure or self._gone is not None or self._stopping,
+                remaining(give_up),
+            )
+            unsure = self._unsure
         if self._closed:
             raise PeerGone("channel is closed; call reconnect()")
-        self._link.publish(self.settings.up(self.client_id), enc, deadline)
+        if self._gone is not None:
+            raise PeerGone(str(self._gone))
+        if unsure:
+            raise TransportTimeout(
+                f"the hub at {self.url} has not answered since the broker lost its sessions"
+            )
+        self._link.publish(self._up, enc, deadline)
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         while True:
-            with self._cond:
-                while not self._inbox:
-                    if self._closed:
-                        raise PeerGone("channel is closed; call reconnect()")
-                    if self._lost:
-                        raise PeerGone(self._lost)
-                    left = remaining(deadline)
-                    if left == 0.0:
-                        raise TransportTimeout("no message from the hub in time")
-                    self._cond.wait(left)
-                item = self._inbox.popleft()
-            if item is _HUB_BYE:
-                self._closed = True
-                self._link.close()  # no goodbye: nobody is left to hear it
-                raise PeerGone(f"hub at {self.url} closed the session")
-            msg = self._decode_whole(*item, out=out)
+            if self._closed:
+                raise PeerGone("channel is closed; call reconnect()")
+            buf, first_byte_at, topic = self._inbox.get(deadline)
+            try:
+                msg = self._decode_whole(buf, first_byte_at, out=out)
+            except WireError as exc:
+                self._dropped(topic, exc)
+                continue
             if msg.kind == "data":
                 return msg
+            self._dropped(topic, f"a {msg.kind!r} message where only data goes")
+
+    def _end(self, *, goodbye: bool, graceful: bool = True) -> None:
+        """Stop the keeper, say bye if asked, disconnect; ``recv`` raises from now on."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._keeper.join(timeout=5)
+        if goodbye and self._gone is None and self._link.up:
+            with contextlib.suppress(TransportError):
+                self._link.publish_chunks(
+                    self._up, [_one_chunk(bye())], deadline_after(BYE_TIMEOUT)
+                )
+        self._link.close(graceful=graceful)
+        self._inbox.fail(PeerGone("channel is closed; call reconnect()"))
 
     def _drop(self) -> None:
         """End the connection as if the network died: no goodbye, the broker sends our will."""
         self._closed = True
-        self._link.close(graceful=False)
+        self._end(goodbye=False, graceful=False)
 
     def close(self) -> None:
         """Say goodbye to the hub and disconnect."""
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(TransportError):
-            bye = _control("bye", {"session": self._session, "reason": "said goodbye"})
-            self._link.publish_chunks(
-                self.settings.up(self.client_id), [bye], deadline_after(BYE_TIMEOUT)
-            )
-        self._link.close()
-        with self._cond:
-            self._cond.notify_all()
+        self._end(goodbye=True)

@@ -1,10 +1,13 @@
 """Find a Mosquitto broker that answers, or run a private one for as long as it is needed.
 
 A private broker gets its own port (a free one unless given), its own directory for config and
-log, listens on 127.0.0.1 only (or the ``bind`` address), keeps nothing on disk and lets anyone
-in; ``stop()`` ends the process and removes the directory. With a ``command_prefix`` (e.g.
-``ip netns exec NS``) it runs behind it, in a testbed's server namespace, and is probed from
-there. Nothing here needs paho: the probe speaks MQTT itself.
+log, listens on 127.0.0.1 only (or the ``bind`` address) and lets anyone in. It keeps nothing
+on disk unless asked to (``persistence=True``: sessions, subscriptions and queued messages are
+saved in its directory when it stops and restored when it starts). ``restart(down_s)`` stops
+it, waits and starts it again on the same port and directory; ``stop()`` ends the process and
+removes the directory. With a ``command_prefix`` (e.g. ``ip netns exec NS``) it runs behind
+it, in a testbed's server namespace, and is probed from there. Nothing here needs paho: the
+probe speaks MQTT itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -78,7 +82,8 @@ class MosquittoBroker:
 
     ``settings`` are extra ``mosquitto.conf`` lines, e.g. ``{"max_packet_size": "65536"}``.
     ``bind`` is the address it listens on (and its URL names); ``command_prefix`` an argv
-    prefix it is started behind, e.g. ``["ip", "netns", "exec", "NS"]``.
+    prefix it is started behind, e.g. ``["ip", "netns", "exec", "NS"]``. ``persistence``
+    keeps the broker's state in its directory across :meth:`restart`.
     """
 
     host = "127.0.0.1"
@@ -92,8 +97,10 @@ class MosquittoBroker:
         startup_timeout: float = 10.0,
         bind: str = "127.0.0.1",
         command_prefix: Sequence[str] = (),
+        persistence: bool = False,
     ) -> None:
         self.port = port
+        self.persistence = persistence
         self.host = bind
         self.command_prefix = list(command_prefix)
         self.settings = dict(settings or {})
@@ -112,10 +119,13 @@ class MosquittoBroker:
         return f"mqtt://{self.host}:{self.port}/{prefix}"
 
     def _config(self) -> str:
+        assert self.dir is not None
         lines = {
             "listener": f"{self.port} {self.host}",
             "allow_anonymous": "true",
-            "persistence": "false",
+            "persistence": "true" if self.persistence else "false",
+            # saved on a clean stop (SIGTERM), restored on start; mosquitto wants the final /
+            **({"persistence_location": f"{self.dir}/"} if self.persistence else {}),
             "log_dest": "stderr",
             "set_tcp_nodelay": "true",  # else a small message can wait ~40 ms on a delayed ACK
             # run as root, Mosquitto would switch to user "mosquitto", who cannot read our dir
@@ -131,11 +141,25 @@ class MosquittoBroker:
             # Behind a prefix the broker's namespace is elsewhere: any port free here will do.
             self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-mosquitto-"))
-        conf = self.dir / "mosquitto.conf"
-        conf.write_text(self._config())
-        with open(self.dir / "mosquitto.log", "wb") as log:
+        (self.dir / "mosquitto.conf").write_text(self._config())
+        self._run(binary)
+        return self
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the broker (cleanly: a persistent one saves its state), stay down ``down_s``
+        seconds, then start it again on the same port, config and directory."""
+        if self._proc is None or self.dir is None:
+            raise TransportError("restart() needs a started broker")
+        self._end_process()
+        time.sleep(down_s)
+        self._run(find_mosquitto(self.binary))
+
+    def _run(self, binary: str) -> None:
+        """Start the process on the config in :attr:`dir`; wait until it answers."""
+        assert self.dir is not None
+        with open(self.dir / "mosquitto.log", "ab") as log:
             self._proc = subprocess.Popen(
-                [*self.command_prefix, binary, "-c", str(conf)],
+                [*self.command_prefix, binary, "-c", str(self.dir / "mosquitto.conf")],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
@@ -153,10 +177,9 @@ class MosquittoBroker:
                 f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
                 f"its log:\n{log_tail}"
             )
-        return self
 
-    def stop(self) -> None:
-        """End the broker process and remove its directory."""
+    def _end_process(self) -> None:
+        """SIGTERM (a persistent broker then saves its state), SIGKILL if it lingers 5 s."""
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -165,6 +188,10 @@ class MosquittoBroker:
                 self._proc.kill()
                 self._proc.wait(timeout=5)
             self._proc = None
+
+    def stop(self) -> None:
+        """End the broker process and remove its directory."""
+        self._end_process()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
