@@ -16,8 +16,9 @@ import pyarrow.flight as flight
 import pytest
 
 import tensorwire
-from tensorwire.errors import PeerGone, TransportTimeout, WireError
+from tensorwire.errors import AuthenticationError, PeerGone, TransportTimeout, WireError
 from tensorwire.transports import flight as tw_flight
+from tensorwire.transports.session import ClientSession
 from tensorwire.transports.url import host_port
 from tensorwire.wire import encode_message
 
@@ -58,13 +59,13 @@ def _raw_session(
     url: str, client_id: str, uplink: bool = True, schema: pa.Schema = tw_flight.SCHEMA
 ) -> RawSession:
     client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(url)))
-    down_writer, down = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.DOWN))
-    hello = {"client_id": client_id, "decoders": [], "session": client_id}
-    down_writer.write_metadata(encode_message(None, hello, kind="hello").to_bytes())
+    session = ClientSession(client_id, decoders=[], max_message_bytes=1 << 30)
+    hello = flight.FlightDescriptor.for_command(session.hello().to_bytes())
+    down_writer, down = client.do_exchange(hello)
     down_writer.done_writing()
     up = None
     if uplink:
-        up, _ = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, client_id))
+        up, _ = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, session.session))
         up.begin(schema)
     return RawSession(client, down, down_writer, up)
 
@@ -145,14 +146,56 @@ def test_bad_control_message_is_reported_and_the_session_goes_on(hub):
     raw.close()
 
 
-def test_junk_hello_is_reported_and_refused(hub):
+def test_junk_hello_is_refused_and_reported(hub):
     client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
-    writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.DOWN))
-    writer.write_metadata(b"GET / HTTP/1.1\r\n\r\n")
+    writer, reader = client.do_exchange(
+        flight.FlightDescriptor.for_command(b"GET / HTTP/1.1\r\n" * 4)
+    )
     writer.done_writing()
     with pytest.raises(StopIteration):
         reader.read_chunk()  # the hub ends the call without a welcome
-    assert isinstance(hub.errors[0][1], WireError) and hub.clients == []
+    (refused,) = [e for e in hub.events if e.kind == "refused"]
+    assert "magic" in refused.reason and hub.clients == []
+    client.close()
+
+
+def test_a_refused_hello_is_answered_with_the_reason(hub):
+    def refuse(hello, *tls_name) -> None:
+        raise AuthenticationError("no token")
+
+    hub.authenticate = refuse
+    with pytest.raises(AuthenticationError, match="no token"):
+        tensorwire.connect(hub.url, client_id="c", timeout=T)
+    assert _until(lambda: any(e.kind == "refused" for e in hub.events))  # reported after it answers
+    assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]
+
+
+def test_an_uplink_naming_no_session_is_refused_when_it_hangs_up(hub):
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
+    # The writer is kept: dropping it closes the call, which waits for the hub to end it.
+    _writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, "nobody"))
+    assert _until(lambda: hub._handshakes == 1)  # the hub's end waits for the session
+    t = time.monotonic()
+    reader.cancel()
+    assert _until(lambda: any(e.kind == "refused" for e in hub.events))
+    assert time.monotonic() - t < tw_flight.HANDSHAKE_TIMEOUT / 2  # not the whole window
+    client.close()
+
+
+def test_calls_over_the_handshake_limit_are_refused_at_once(hub, monkeypatch):
+    monkeypatch.setattr(tw_flight, "MAX_HANDSHAKES", 3)
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
+    silent = [_raw_session(hub.url, f"silent{i}", uplink=False) for i in range(3)]
+    assert _until(lambda: hub._handshakes == 3)
+    with pytest.raises(TransportTimeout):
+        tensorwire.connect(hub.url, client_id="late", timeout=0.5)
+    assert any("at once" in e.reason for e in hub.events if e.kind == "refused")
+    for raw in silent:
+        raw.down.cancel()
+        raw.client.close()
+    assert _until(lambda: hub._handshakes == 0)
+    with tensorwire.connect(hub.url, client_id="later", timeout=T):
+        hub.wait_for(1, timeout=T)
     client.close()
 
 
@@ -220,6 +263,19 @@ def test_send_to_a_client_that_stops_reading_times_out_and_drops_it(hub):
     raw.close()  # ends the blocked write, so the hub closes promptly
 
 
+def test_sends_with_a_deadline_share_one_watchdog_thread(hub):
+    ch = tensorwire.connect(hub.url, client_id="w", codec=None)
+    hub.wait_for(1, timeout=T)
+    before = threading.active_count()
+    for _ in range(50):
+        ch.send({"v": np.arange(3)}, timeout=T)
+        hub.recv(timeout=T)
+    mine = [t for t in threading.enumerate() if t.name == "tensorwire-flight-deadline-w"]
+    assert len(mine) == 1 and threading.active_count() <= before + 1
+    ch.close()
+    assert _until(lambda: not mine[0].is_alive())
+
+
 class _DeafHub(flight.FlightServerBase):
     """Welcomes a channel, then never reads its uplink."""
 
@@ -228,10 +284,9 @@ class _DeafHub(flight.FlightServerBase):
         self.release = threading.Event()
 
     def do_exchange(self, context, descriptor, reader, writer) -> None:
-        if tuple(descriptor.path) == tw_flight.DOWN:
-            reader.read_chunk()
+        if descriptor.descriptor_type == flight.DescriptorType.CMD:
             writer.begin(tw_flight.SCHEMA)
-            welcome = encode_message(None, {"decoders": [], "version": 1}, kind="welcome")
+            welcome = encode_message(None, {"decoders": [], "version": 2}, kind="welcome")
             writer.write_metadata(welcome.to_bytes())
         self.release.wait(T)
 

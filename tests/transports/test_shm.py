@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 import tensorwire
+from tensorwire.codecs import available_codecs
 from tensorwire.errors import (
+    AuthenticationError,
     ChecksumMismatch,
     MalformedHeader,
     MessageTooLarge,
@@ -28,6 +30,8 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
+from tensorwire.transports import shm as tw_shm
+from tensorwire.transports.session import ClientSession
 from tensorwire.transports.shm import INLINE_BYTES, BadSegment, _address
 from tensorwire.wire import encode_message
 
@@ -126,6 +130,83 @@ def test_a_receiver_holding_max_segments_makes_the_sender_wait(connect):
         assert np.array_equal(hub.recv(timeout=T)[1]["x"], BIG)
 
 
+def test_a_receiver_holding_max_segments_does_not_hold_up_a_broadcast(connect):
+    with tensorwire.serve(_url(), codec=None, max_segments=1) as hub:
+        keeper = connect(hub.url, client_id="keeper", codec=None)
+        other = connect(hub.url, client_id="other", codec=None)
+        hub.wait_for(2, timeout=T)
+        hub.send("keeper", {"x": BIG})
+        held = [keeper.recv(timeout=T)]  # the one segment it may hold
+        t = time.monotonic()
+        sent = hub.broadcast({"x": BIG * 2}, timeout=0.5)
+        assert sorted(sent) == ["other"] and isinstance(sent.failed["keeper"], TransportTimeout)
+        assert time.monotonic() - t < T / 2
+        assert np.array_equal(other.recv(timeout=T)["x"], BIG * 2)
+        assert [e.client_id for e in hub.events if e.kind == "slow"] == ["keeper"]
+        threading.Timer(0.3, held.clear).start()  # the keeper lets go while the hub waits
+        sent = hub.broadcast({"x": BIG * 3}, timeout=T)
+        assert sorted(sent) == ["keeper", "other"]
+        for ch in (other, keeper):
+            assert np.array_equal(ch.recv(timeout=T)["x"], BIG * 3)
+
+
+def test_a_receiver_that_stops_reading_does_not_hold_up_a_broadcast(hub, connect):
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stuck.connect(_address(hub.url.removeprefix("shm://")))
+    # As a channel would say it: one codec group with "good", so one send round for both.
+    hello = ClientSession("stuck", decoders=available_codecs(), max_message_bytes=16 << 30)
+    stuck.send(hello.hello().to_bytes())
+    stuck.recv(INLINE_BYTES)  # the welcome; then it reads nothing
+    good = connect(hub.url, client_id="good", codec=None)  # joins second: is sent to second
+    hub.wait_for(2, timeout=T)
+    inline = {"x": np.zeros(15_000, np.float32)}  # 60 KiB: a packet
+    with pytest.raises(TransportTimeout):
+        for _ in range(1000):  # until its socket buffer is full
+            hub.send("stuck", inline, timeout=0.2)
+    arrived = []
+    reader = threading.Thread(
+        target=lambda: arrived.append((good.recv(timeout=T), time.monotonic()))
+    )
+    reader.start()
+    t = time.monotonic()
+    sent = hub.broadcast(inline, meta={"r": 1}, timeout=2.0)
+    took = time.monotonic() - t
+    reader.join(T)
+    assert sorted(sent) == ["good"] and isinstance(sent.failed["stuck"], TransportTimeout)
+    assert 1.5 < took < T / 2 and arrived[0][1] - t < 1.0  # good's came at once
+    assert arrived[0][0].meta == {"r": 1} and "stuck" in hub.clients  # nothing half-sent
+    stuck.close()
+
+
+def test_a_refused_hello_is_answered_with_the_reason(hub):
+    def refuse(hello, *tls_name) -> None:
+        raise AuthenticationError("no token")
+
+    hub.authenticate = refuse
+    with pytest.raises(AuthenticationError, match="no token"):
+        tensorwire.connect(hub.url, client_id="c", timeout=T)
+    _until(lambda: any(e.kind == "refused" for e in hub.events), "reported, after its answer")
+    assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]
+
+
+def test_connections_over_the_handshake_limit_are_refused_at_once(hub, monkeypatch):
+    monkeypatch.setattr(tw_shm, "MAX_HANDSHAKES", 3)
+    silent = []
+    for _ in range(3):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.connect(_address(hub.url.removeprefix("shm://")))
+        silent.append(sock)
+    _until(lambda: len(hub._threads) == 3, "three connections are in their handshake")
+    with pytest.raises(TransportTimeout):
+        tensorwire.connect(hub.url, client_id="late", timeout=0.5)
+    assert any("too many" in e.reason for e in hub.events if e.kind == "refused")
+    for sock in silent:
+        sock.close()
+    _until(lambda: not hub._threads, "the silent connections are dropped")
+    with tensorwire.connect(hub.url, client_id="later", timeout=T):
+        hub.wait_for(1, timeout=T)
+
+
 def test_broadcast_writes_one_segment_that_every_client_maps(hub, connect):
     chans = [connect(hub.url, client_id=f"b{i}", codec=None) for i in range(3)]
     hub.wait_for(3, timeout=T)
@@ -207,6 +288,10 @@ def _note(kind: str, **meta) -> bytes:
     return encode_message(None, meta, kind=kind).to_bytes()
 
 
+def _hello(client_id: str) -> bytes:
+    return ClientSession(client_id, decoders=[], max_message_bytes=1 << 30).hello().to_bytes()
+
+
 def _corrupt_message() -> bytes:
     data = bytearray(encode_message({"x": BIG[:4096]}).to_bytes())
     data[-100] ^= 0xFF  # inside the tensor's bytes: its checksum no longer matches
@@ -231,6 +316,13 @@ def _bad(case: str) -> tuple[bytes, list[int]]:
         return _note("shm", seg=1, offset=0, nbytes=8), [r]
     if case == "overrun":
         return _note("shm", seg=1, offset=4000, nbytes=200), [_sealed_memfd(b"\0" * 4096)]
+    if case == "declared-huge":
+        return _note("shm", seg=1, offset=0, nbytes=1 << 40), [_sealed_memfd(b"\0" * 4096)]
+    if case == "sparse":
+        fd = _sealed_memfd(b"", seals=0)
+        os.ftruncate(fd, 1 << 30)  # 1 GiB declared, nothing behind it
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        return _note("shm", seg=1, offset=0, nbytes=1 << 30), [fd]
     if case == "release-not-held":
         return _note("release", seg=99), []
     if case == "corrupt-data":
@@ -247,6 +339,8 @@ EXPECTED = {
     "unsealed": BadSegment,
     "not-a-memfd": BadSegment,
     "overrun": BadSegment,
+    "declared-huge": BadSegment,
+    "sparse": BadSegment,
     "release-not-held": BadSegment,
     "corrupt-data": ChecksumMismatch,
 }
@@ -261,7 +355,7 @@ def test_bad_packets_and_segments_are_refused_typed_and_others_served(case, hub,
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(T)
     sock.connect(_address(hub.url.removeprefix("shm://")))
-    sock.send(_note("hello", client_id="intruder", decoders=[]))
+    sock.send(_hello("intruder"))
     sock.recv(INLINE_BYTES)
     hub.wait_for(2, timeout=T)
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
@@ -338,14 +432,11 @@ def test_processes_of_other_users_are_refused(hub):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         s.settimeout(10)
         s.connect("\\0" + sys.argv[1])
-        try:  # refused at once, maybe before the hello is even sent
-            s.send(bytes.fromhex(sys.argv[2]))
-            print(len(s.recv(65536)))
-        except ConnectionError:
-            print(0)
+        s.send(bytes.fromhex(sys.argv[2]))
+        print("refused" if b"refuse" in s.recv(65536) else "answered")
         """
     )
-    hello = _note("hello", client_id="stranger", decoders=[])
+    hello = _hello("stranger")
     args = ["-I", "-c", code, _address(hub.url[6:])[1:], hello.hex()]
     # The child needs no packages: any interpreter user 65534 may run will do.
     for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
@@ -359,4 +450,5 @@ def test_processes_of_other_users_are_refused(hub):
     else:
         pytest.skip("no python interpreter that user 65534 may run")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0" and hub.clients == []
+    assert out.stdout.strip() == "refused" and hub.clients == []
+    assert any("not of this user" in e.reason for e in hub.events if e.kind == "refused")

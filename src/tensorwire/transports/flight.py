@@ -1,24 +1,29 @@
 """``flight://host:port``: Arrow Flight over gRPC, a session of two ``DoExchange`` calls.
 
-A client opens a session with two calls on one gRPC connection, each used in one direction:
+``docs/transports/flight.md`` specifies the layout; in short, a client opens two calls on one
+gRPC connection, each written by one side only:
 
-- downlink, path ``tensorwire/down``: the client writes its ``hello`` and half-closes; the
-  hub answers ``welcome`` once the uplink is attached too, then writes every message for it;
-- uplink, path ``tensorwire/up/<session>``: the client writes its messages, then ``bye``.
+- downlink, a descriptor of type CMD whose command is the client's ``hello``: the hub
+  answers ``welcome`` (or ``refuse``) once the uplink is attached, then writes every message
+  for the client;
+- uplink, path ``tensorwire/up/<session>`` (the hello's ``session``): the client writes its
+  messages, then ``bye``.
 
-Why not one call for both directions: pyarrow's client finishes a call from its reader when
-the stream ends, sending a half-close that can race a write in progress in another thread,
-which gRPC aborts the process for (``GRPC_CALL_ERROR_TOO_MANY_OPERATIONS``). With each call
-written by one side only, nothing races. The uplink is an exchange rather than a ``DoPut``
-because only an exchange's reader can cancel its call, which a send's deadline and
-:meth:`FlightChannel._drop` need. The session ends when either call does, as a TCP
-connection would; a ``bye`` is sent down whenever the hub ends it.
+Why two calls: pyarrow's client finishes a call from its reader when the stream ends,
+sending a half-close that can race a write in progress in another thread, which gRPC aborts
+the process for (``GRPC_CALL_ERROR_TOO_MANY_OPERATIONS``). With each call written by one
+side only, nothing races. The uplink is an exchange rather than a ``DoPut`` because only an
+exchange's reader can cancel its call, which a send's deadline and
+:meth:`FlightChannel._drop` need. The hello rides in the descriptor, which Flight reads
+before it calls the hub, so no hub thread ever waits for a stranger to speak. The session
+ends when either call does, as a TCP connection would; a ``bye`` goes down whenever the hub
+ends it.
 
-On both calls, control messages (``hello``/``welcome``/``bye``, whole wire messages) travel
-in the ``app_metadata`` of a FlightData without a batch, so each side acts on them at once.
-A data message travels as record batches of one binary column (:data:`SCHEMA`), one value
-each, in order: each tensor's buffer is its own batch(es), wrapped by ``pa.py_buffer`` (no
-copy; Flight hands it to gRPC as is), with small neighbours (header, digests, small tensors)
+Control messages (``welcome``/``refuse``/``bye``, whole wire messages) travel in the
+``app_metadata`` of a FlightData without a batch, so each side acts on them at once. A data
+message travels as record batches of one binary column (:data:`SCHEMA`), one value each, in
+order: each tensor's buffer is its own batch(es), wrapped by ``pa.py_buffer`` (no copy;
+Flight hands it to gRPC as is), with small neighbours (header, digests, small tensors)
 joined. No batch holds more than ``batch_bytes`` (4 MiB), far under gRPC's 2 GiB per
 message, so any message size goes. The receiver feeds each value (a view of the received
 Arrow buffer) to a :class:`~tensorwire.wire.MessageStream`, which copies the tensor bytes
@@ -32,8 +37,7 @@ import logging
 import queue
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,16 +46,30 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from tensorwire.codecs import get_codec
-from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
+from tensorwire.errors import (
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
 from tensorwire.transports.base import (
-    PROTOCOL_VERSION,
     Channel,
     Hub,
-    control_message,
+    Inbox,
     deadline_after,
     default_client_id,
-    parse_hello,
+    dial,
     remaining,
+)
+from tensorwire.transports.session import (
+    HELLO_LIMITS,
+    ClientSession,
+    Closed,
+    Data,
+    Hello,
+    HubSession,
+    bye,
 )
 from tensorwire.transports.url import host_port
 from tensorwire.wire import (
@@ -65,21 +83,22 @@ from tensorwire.wire import (
 
 log = logging.getLogger("tensorwire.transports.flight")
 
+FLIGHT_ERRORS = (pa.ArrowException, OSError)
+"""What a Flight call raises when its call fails: Flight's errors, or a bare ``OSError``
+("server disconnect?")."""
+
 SCHEMA = pa.schema([("bytes", pa.binary())])
 """Every data batch: one binary column whose values are consecutive bytes of the messages."""
 
-DOWN = (b"tensorwire", b"down")  # descriptor path of a session's downlink
-UP = (b"tensorwire", b"up")  # ... of its uplink, followed by the session id
+UP = (b"tensorwire", b"up")  # descriptor path of a session's uplink, followed by its id
 BATCH_BYTES = 4 << 20  # most message bytes per record batch (one gRPC message)
 JOIN_BELOW = 512 << 10  # smaller buffers share a batch: copying them beats a gRPC message each
 FEED_BYTES = 256 << 10  # bytes fed to the decoder at a time: it hashes them while in cache
 HANDSHAKE_TIMEOUT = 10.0  # seconds a session's second call has to arrive after its first
+MAX_HANDSHAKES = 64  # calls at once waiting for their session's other call; more are refused
+POLL_S = 0.25  # seconds between checks that a waiting call was not cancelled
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 SHUTDOWN_TIMEOUT = 5.0  # seconds the hub waits for its server to stop before leaving it be
-
-
-def _control(kind: str, meta: dict[str, Any]) -> bytes:
-    return control_message(kind, meta).to_bytes()
 
 
 def _pieces(enc: EncodedMessage, batch_bytes: int) -> Iterator[Any]:
@@ -141,6 +160,17 @@ def _feed(stream: MessageStream, batch: pa.RecordBatch) -> None:
         stream.receive_data(data[start : start + FEED_BYTES])
 
 
+def _control(meta: pa.Buffer, limits: Limits) -> Message:
+    """The whole message an ``app_metadata`` carries; ``WireError`` if it is none."""
+    return decode_message(meta, limits=limits, codec_lookup=get_codec)
+
+
+def _who(context: flight.ServerCallContext) -> str:
+    """The caller's address without its port ("ipv4:127.0.0.1"): one key per host, so that
+    a flood of calls from one host is logged as one."""
+    return context.peer().rpartition(":")[0] or context.peer()
+
+
 # --- hub ---------------------------------------------------------------------------------
 
 
@@ -158,15 +188,19 @@ class _Job:
 
 @dataclass(eq=False)
 class _Peer:
-    """A session: its downlink's job queue and state (guarded by ``lock``)."""
+    """A session: its hello, its session machine, and its downlink's job queue and state
+    (guarded by ``lock``)."""
 
-    client_id: str
-    decoders: frozenset[str]
-    session: str
+    hello: Hello
+    session: HubSession
     jobs: queue.SimpleQueue[_Job | None] = field(default_factory=queue.SimpleQueue)
     lock: threading.Lock = field(default_factory=threading.Lock)
     attached: bool = False  # its uplink arrived (guarded by the hub's session lock)
     gone: str | None = None  # why no more data may be written to it
+
+    @property
+    def client_id(self) -> str:
+        return self.hello.client_id
 
     def submit(self, job: _Job) -> None:
         with self.lock:
@@ -180,7 +214,7 @@ class _Peer:
             if self.gone is not None:
                 return
             self.gone = reason
-            self.jobs.put(_Job(control=_control("bye", {})))
+            self.jobs.put(_Job(control=bye(reason).to_bytes()))
             self.jobs.put(None)
 
 
@@ -190,16 +224,18 @@ class _Server(flight.FlightServerBase):
         self._hub = hub
 
     def do_exchange(self, context, descriptor, reader, writer) -> None:
+        if descriptor.descriptor_type == flight.DescriptorType.CMD:
+            self._hub._serve_downlink(context, descriptor.command, writer)
+            return
         path = tuple(descriptor.path or ())
-        if path == DOWN:
-            self._hub._serve_downlink(context, reader, writer)
-        elif path[:2] == UP and len(path) == 3:
+        if len(path) == 3 and path[:2] == UP:
             self._hub._serve_uplink(context, path[2].decode("ascii", "replace"), reader)
-        else:
-            raise flight.FlightServerError(
-                f"unknown descriptor {descriptor!r}: this is a tensorwire hub; "
-                "use tensorwire.connect('flight://...')"
-            )
+            return
+        self._hub._refused(_who(context), TransportError(f"unknown descriptor {descriptor!r}"))
+        raise flight.FlightServerError(
+            f"unknown descriptor {descriptor!r}: this is a tensorwire hub; "
+            "use tensorwire.connect('flight://...')"
+        )
 
 
 class FlightHub(Hub):
@@ -216,7 +252,8 @@ class FlightHub(Hub):
         self._batch_bytes = batch_bytes
         self._peers: dict[str, _Peer] = {}  # members, by client id
         self._pending: dict[str, _Peer] = {}  # sessions waiting for their uplink, by id
-        self._sessions = threading.Condition()  # guards both dicts and _closing
+        self._handshakes = 0  # calls waiting for their session's other call
+        self._sessions = threading.Condition()  # guards the above and _closing
         self._closing = False
         self._server = _Server(self, flight.Location.for_grpc_tcp(host, port))
         self.url = f"flight://{host}:{self._server.port}"
@@ -226,68 +263,140 @@ class FlightHub(Hub):
     def _serve_downlink(
         self,
         context: flight.ServerCallContext,
-        reader: flight.MetadataRecordBatchReader,
+        command: bytes,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        """Take the hello, wait for the uplink, join the client, then write its messages."""
-        peer = self._read_hello(context, reader)
-        if peer is None:
-            return
-        with self._sessions:
-            if self._closing:
+        """Take the hello, wait for the uplink, then write the client's messages."""
+        who = _who(context)
+        with self._handshake(who) as admitted:
+            peer = self._open_session(who, command, writer) if admitted else None
+            if peer is None:
                 return
-            self._pending[peer.session] = peer
-            self._sessions.notify_all()
-            attached = self._sessions.wait_for(
-                lambda: peer.attached or self._closing, HANDSHAKE_TIMEOUT
-            )
-            self._pending.pop(peer.session, None)
-            if not attached or self._closing:
-                log.warning("flight: %r opened no uplink in time; session refused", peer.client_id)
+            with contextlib.suppress(FLIGHT_ERRORS):  # hung up: the wait below sees it
+                writer.begin(SCHEMA)
+            if not self._await_uplink(who, context, peer):
                 return
-            with peer.lock:
-                if peer.gone is not None:  # its uplink ended already
-                    return
-            old = self._peers.get(peer.client_id)
-            self._peers[peer.client_id] = peer
-        if old is not None:
-            log.info("flight: client %r reconnected; ending its old session", peer.client_id)
-            old.stop("replaced by a new session")
-        self._joined(peer.client_id, peer.decoders, session=peer)
-        try:
-            writer.begin(SCHEMA)
-            writer.write_metadata(
-                _control("welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION})
-            )
-        except pa.ArrowException as exc:
-            self._end(peer, f"downlink broke: {exc}")
         self._write_loop(peer, writer)
 
-    def _read_hello(
-        self, context: flight.ServerCallContext, reader: flight.MetadataRecordBatchReader
+    @contextlib.contextmanager
+    def _handshake(self, who: str) -> Iterator[bool]:
+        """Count a call as handshaking while in the block; yields False (refused) when
+        :data:`MAX_HANDSHAKES` already are: a flood of calls must not cost a thread each."""
+        with self._sessions:
+            admitted = self._handshakes < MAX_HANDSHAKES
+            self._handshakes += admitted
+        if not admitted:
+            self._refused(who, TransportError(f"over {MAX_HANDSHAKES} sessions opening at once"))
+        try:
+            yield admitted
+        finally:
+            with self._sessions:
+                self._handshakes -= admitted
+
+    def _open_session(
+        self, who: str, command: bytes, writer: flight.MetadataRecordBatchWriter
     ) -> _Peer | None:
+        """Check the hello (read under HELLO_LIMITS) and register the session as waiting for
+        its uplink; a refused one is answered ``refuse`` and gives None."""
+        session = HubSession(**self._session_options())
         try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return None
-        except pa.ArrowException as exc:
-            log.warning("flight: session from %s broke before its hello: %s", context.peer(), exc)
-            return None
-        try:
-            if chunk.data is not None or chunk.app_metadata is None:
-                raise WireError("a session must open with a hello in app_metadata, not a batch")
-            hello = decode_message(chunk.app_metadata, limits=self.limits)
-            cid, decoders = parse_hello(hello)
-            session = hello.meta.get("session")
-            if not isinstance(session, str) or not 0 < len(session) <= 64:
-                raise TransportError("hello: 'session' must be an id of 1 to 64 characters")
+            session.receive(_control(command, HELLO_LIMITS))
+            hello = session.hello
+            assert hello is not None
+            with self._sessions:
+                if self._closing:
+                    return None
+                if hello.session in self._pending:
+                    raise SessionRefused(f"session id {hello.session!r} is already opening")
+                peer = _Peer(hello, session)
+                self._pending[hello.session] = peer
+                self._sessions.notify_all()
+            return peer
+        except SessionRefused as exc:
+            with contextlib.suppress(FLIGHT_ERRORS):  # it hung up already
+                writer.begin(SCHEMA)
+                writer.write_metadata(session.refusal(exc).to_bytes())
+            self._refused(who, exc)
         except WireError as exc:
-            self._rejected(context.peer(), exc)
-        except TransportError as exc:
-            log.warning("flight: refused session from %s: %s", context.peer(), exc)
-        else:
-            return _Peer(cid, decoders, session)
+            self._refused(who, exc)
         return None
+
+    def _wait(
+        self, context: flight.ServerCallContext, ready: Callable[[], bool], timeout: float
+    ) -> bool:
+        """With ``_sessions`` held, wait up to ``timeout`` seconds for ``ready()``; give up
+        early when the hub closes or the call is cancelled."""
+        deadline = deadline_after(timeout)
+        while not ready():
+            left = remaining(deadline)
+            if not left or self._closing or context.is_cancelled():
+                return False
+            self._sessions.wait(min(left, POLL_S))
+        return True
+
+    def _await_uplink(self, who: str, context: flight.ServerCallContext, peer: _Peer) -> bool:
+        with self._sessions:
+            if self._wait(context, lambda: peer.attached, HANDSHAKE_TIMEOUT):
+                return True
+            if self._pending.get(peer.hello.session) is peer:
+                del self._pending[peer.hello.session]  # under the lock an uplink attaches with
+            closing = self._closing
+        if not closing:
+            how = "hung up" if context.is_cancelled() else "opened no uplink in time"
+            self._refused(who, TransportError(f"{peer.client_id!r} {how}"))
+        return False
+
+    def _serve_uplink(
+        self,
+        context: flight.ServerCallContext,
+        session: str,
+        reader: flight.MetadataRecordBatchReader,
+    ) -> None:
+        """Attach to the session's downlink, join its client, then deliver its messages."""
+        who = _who(context)
+        peer = None
+
+        def opening() -> bool:
+            return session in self._pending
+
+        with self._handshake(who) as admitted, self._sessions:
+            if admitted and self._wait(context, opening, HANDSHAKE_TIMEOUT):
+                peer = self._pending.pop(session)
+                peer.attached = True
+                self._sessions.notify_all()
+        if peer is None:
+            if admitted and not self._closing:
+                self._refused(who, TransportError(f"uplink for no opening session {session!r}"))
+            return
+        if self._admit(peer):
+            self._end(peer, self._read_loop(peer, context, reader))
+
+    def _admit(self, peer: _Peer) -> bool:
+        """Make ``peer`` the member for its client id (ending an older session), with its
+        welcome first on its downlink; False if the hub is closing."""
+        cid = peer.client_id
+        try:
+            peer.submit(_Job(control=peer.session.welcome().to_bytes()))
+        except PeerGone:  # its downlink broke already
+            return False
+        with self._sessions:
+            closing = self._closing
+            if not closing:
+                old = self._peers.get(cid)
+                self._peers[cid] = peer
+        if closing:
+            peer.stop("the hub is closing")
+            return False
+        if old is not None:
+            log.info("flight: client %r reconnected; ending its old session", cid)
+            old.stop("replaced by a new session")
+        self._joined(
+            cid, peer.hello.decoders, session=peer, max_message_bytes=peer.hello.max_message_bytes
+        )
+        if peer.gone is not None:  # it ended while joining: its leave may have found no member
+            self._end(peer, peer.gone)
+            self._left(cid, peer.gone, session=peer)
+        return True
 
     def _write_loop(self, peer: _Peer, writer: flight.MetadataRecordBatchWriter) -> None:
         """Write the peer's jobs until it is stopped; a failed write ends its session."""
@@ -303,7 +412,7 @@ class FlightHub(Hub):
                         if job.abandoned:
                             break
                         writer.write_batch(_batch(piece))
-            except pa.ArrowException as exc:
+            except FLIGHT_ERRORS as exc:
                 job.error = PeerGone(f"downlink to client {peer.client_id!r} broke: {exc}")
                 self._end(peer, f"downlink broke: {exc}")
             except Exception as exc:  # handed to the sender, which raises it
@@ -311,26 +420,6 @@ class FlightHub(Hub):
             finally:
                 job.finished_at = time.perf_counter()
                 job.done.set()
-
-    def _serve_uplink(
-        self,
-        context: flight.ServerCallContext,
-        session: str,
-        reader: flight.MetadataRecordBatchReader,
-    ) -> None:
-        """Attach to the session's downlink, then deliver the client's messages until it leaves."""
-        with self._sessions:
-            found = self._sessions.wait_for(
-                lambda: session in self._pending or self._closing, HANDSHAKE_TIMEOUT
-            )
-            peer = self._pending.get(session) if found and not self._closing else None
-            if peer is not None:
-                peer.attached = True
-                self._sessions.notify_all()
-        if peer is None:
-            log.warning("flight: uplink from %s names no open session; refused", context.peer())
-            return
-        self._end(peer, self._read_loop(peer, context, reader))
 
     def _read_loop(
         self,
@@ -345,43 +434,52 @@ class FlightHub(Hub):
                 chunk = reader.read_chunk()
             except StopIteration:
                 return "its connection broke" if context.is_cancelled() else "ended its stream"
-            except pa.ArrowException as exc:
+            except FLIGHT_ERRORS as exc:
                 return f"stream broke: {exc}"
-            if chunk.data is None:
-                if self._control_kind(peer.client_id, chunk.app_metadata) == "bye":
-                    return "said goodbye"
-                continue
-            try:
-                _feed(stream, chunk.data)
-            except WireError as exc:  # the byte stream lost its framing: nothing after it is safe
-                self._deliver_events(peer.client_id, stream)
-                self._rejected(peer.client_id, exc)
-                return f"sent bytes that are not a tensorwire message ({exc})"
-            self._deliver_events(peer.client_id, stream)
+            if chunk.data is not None:
+                try:
+                    _feed(stream, chunk.data)
+                except WireError as exc:  # the framing is lost: nothing after it is safe
+                    self._deliver(peer, stream)
+                    self._rejected(peer.client_id, exc)
+                    return f"sent bytes that are not a tensorwire message ({exc})"
+                if reason := self._deliver(peer, stream):
+                    return reason
+            if chunk.app_metadata is not None:
+                try:
+                    msg = _control(chunk.app_metadata, self.limits)
+                except WireError as exc:
+                    self._rejected(peer.client_id, exc)
+                    continue
+                if msg.kind == "data":
+                    self._rejected(peer.client_id, WireError("data in app_metadata, not a batch"))
+                    continue
+                if reason := self._act(peer, msg):
+                    return reason
 
-    def _deliver_events(self, client_id: str, stream: MessageStream) -> None:
-        """Deliver the messages ``stream`` has completed, and report the bad ones."""
+    def _deliver(self, peer: _Peer, stream: MessageStream) -> str | None:
+        """Act on the messages ``stream`` has completed, reporting the bad ones; return why
+        the session ended, if one of them ended it."""
         while True:
             try:
                 msg = stream.next_event()
             except WireError as exc:  # one bad message, skipped; the stream goes on
-                self._rejected(client_id, exc)
+                self._rejected(peer.client_id, exc)
                 continue
             if msg is NEED_DATA:
-                return
-            if msg.kind == "data":
-                self._delivered(client_id, msg)
-            else:
-                log.debug("flight: ignoring %r message from %r", msg.kind, client_id)
+                return None
+            if reason := self._act(peer, msg):
+                return reason
 
-    def _control_kind(self, client_id: str, meta: pa.Buffer | None) -> str | None:
-        if meta is None:
-            return None
-        try:
-            return decode_message(meta, limits=self.limits).kind
-        except WireError as exc:
-            self._rejected(client_id, exc)
-            return None
+    def _act(self, peer: _Peer, msg: Message) -> str | None:
+        event = peer.session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(peer.client_id, msg)
+        elif isinstance(event, Closed):
+            return event.reason
+        else:
+            log.debug("flight: %r: %s", peer.client_id, event)
+        return None
 
     def _end(self, peer: _Peer, reason: str) -> None:
         """End a session (idempotent): it leaves, and its downlink says bye and ends."""
@@ -445,7 +543,7 @@ class FlightHub(Hub):
             self._sessions.notify_all()
             peers = list(self._peers.values())
         for peer in peers:  # clients hang up on the bye, which ends their sessions' calls
-            peer.stop("the hub closed")
+            peer.stop("the hub is closing")
         stopper = threading.Thread(
             target=self._server.shutdown, name="tensorwire-flight-shutdown", daemon=True
         )
@@ -462,25 +560,77 @@ class FlightHub(Hub):
 # --- channel -------------------------------------------------------------------------------
 
 
-@dataclass
-class _Ended:
-    """Queued after the last batch of a session: why it ended."""
+class _Watchdog:
+    """Calls ``fire`` when an armed deadline passes: one thread for all of a channel's sends,
+    started on the first, instead of a timer thread per send (a thread costs milliseconds).
 
-    reason: str
+    The thread sleeps until the deadline it last saw; arming a later one does not wake it (it
+    looks again when it wakes), so back-to-back sends cost two lock round trips each.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._deadline: float | None = None  # time.monotonic() seconds; None: disarmed
+        self._fire: Callable[[], None] | None = None
+        self._wake_at: float | None = None  # when the thread will look next; None: not soon
+        self._fired = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline: float, fire: Callable[[], None]) -> None:
+        with self._cond:
+            self._deadline, self._fire, self._fired = deadline, fire, False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            elif self._wake_at is None or deadline < self._wake_at:
+                self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = self._fire = None
+
+    def fired(self) -> bool:
+        """Whether the deadline last armed passed (and ``fire`` was called)."""
+        with self._cond:
+            return self._fired
+
+    def stop(self) -> None:
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._deadline = self._fire = None
+            self._cond.notify()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                if self._thread is not me:
+                    return
+                now = time.monotonic()
+                fire = self._fire if self._deadline is not None and self._deadline <= now else None
+                if fire is None:
+                    self._wake_at = self._deadline
+                    self._cond.wait(None if self._deadline is None else self._deadline - now)
+                    continue
+                self._deadline = self._fire = None
+                self._fired = True
+            fire()  # outside the lock: it cancels a gRPC call
 
 
 @dataclass(eq=False)
 class _Session:
     client: flight.FlightClient
+    session: ClientSession
     down: flight.FlightStreamReader
     down_writer: flight.FlightStreamWriter
     up: flight.FlightStreamWriter
     up_call: flight.FlightStreamReader  # never read: it cancels the uplink
     stream: MessageStream
-    inbox: queue.SimpleQueue[pa.RecordBatch | _Ended] = field(default_factory=queue.SimpleQueue)
-    welcomed: threading.Event = field(default_factory=threading.Event)
-    hub_decoders: frozenset[str] | None = None
-    unreachable: bool = False  # ended because no hub answered at the address
+    inbox: Inbox = field(default_factory=Inbox)  # the hub's record batches, for recv
+    answered: threading.Event = field(default_factory=threading.Event)  # welcome, refuse, end
     thread: threading.Thread | None = None
 
 
@@ -510,59 +660,43 @@ class FlightChannel(Channel):
         self._location = flight.Location.for_grpc_tcp(host, port)
         self._batch_bytes = batch_bytes
         self._send_lock = threading.RLock()  # the uplink's writer: sends, bye, close
+        self._watchdog = _Watchdog(f"tensorwire-flight-deadline-{self.client_id}")
         self._session: _Session | None = None
         self.reconnect(timeout)
 
     def reconnect(self, timeout: float = 30.0) -> None:
         """(Re)open a session with the hub and say hello with the same client id."""
         self._drop()
-        deadline = deadline_after(timeout)
-        delay = 0.02
-        while True:
-            try:
-                session = self._open()
-            except flight.FlightUnavailableError as exc:  # no hub there (yet)
-                ended = str(exc)
-            except pa.ArrowException as exc:
-                raise TransportError(f"could not open a session with {self.url}: {exc}") from None
-            else:
-                welcomed = session.welcomed.wait(remaining(deadline))
-                if welcomed and session.hub_decoders is not None:
-                    self._session = session
-                    self.hub_decoders = session.hub_decoders
-                    return
-                self._close_session(session)
-                if not welcomed:
-                    raise TransportTimeout(f"no welcome from the hub at {self.url} in {timeout} s")
-                ended = _end_reason(session)
-                if not session.unreachable:  # a hub answered, and refused us
-                    raise TransportError(f"hub at {self.url} ended the session: {ended}")
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise TransportTimeout(f"could not reach {self.url} within {timeout} s: {ended}")
-            time.sleep(delay)  # hub not up yet: keep trying until the deadline
-            delay = min(delay * 2, 0.5)
+        s = dial(self._open, what=self.url, timeout=timeout)
+        welcome = s.session.welcome
+        assert welcome is not None
+        self.hub_decoders = welcome.decoders
+        self.hub_max_bytes = welcome.max_message_bytes
+        self._session = s
 
-    def _open(self) -> _Session:
+    def _open(self, deadline: float | None) -> _Session:
+        """One attempt at a session: both calls, then the hub's answer by ``deadline`` (at
+        most twice the hub's handshake window). ``OSError`` when it may be worth retrying."""
+        session = ClientSession(
+            self.client_id,
+            decoders=self.decoders,
+            max_message_bytes=self.limits.max_message_bytes,
+            where=f"the hub at {self.url}",
+        )
         client = flight.FlightClient(self._location)
-        session_id = uuid.uuid4().hex
         try:
-            down_writer, down = client.do_exchange(flight.FlightDescriptor.for_path(*DOWN))
-            up, up_call = client.do_exchange(flight.FlightDescriptor.for_path(*UP, session_id))
-        except pa.ArrowException:
+            hello = flight.FlightDescriptor.for_command(session.hello().to_bytes())
+            down_writer, down = client.do_exchange(hello)
+            up, up_call = client.do_exchange(flight.FlightDescriptor.for_path(*UP, session.session))
+        except FLIGHT_ERRORS as exc:
             client.close()
-            raise
-        hello = {
-            "client_id": self.client_id,
-            "decoders": self.decoders,
-            "version": PROTOCOL_VERSION,
-            "session": session_id,
-        }
-        with contextlib.suppress(pa.ArrowException):  # no hub there: the reader says so
-            down_writer.write_metadata(_control("hello", hello))
+            raise TransportError(f"cannot open a session with {self.url}: {exc}") from None
+        with contextlib.suppress(FLIGHT_ERRORS):  # no hub there: the reader says so
             down_writer.done_writing()  # before the reader starts: it may then finish the call
             up.begin(SCHEMA)
         s = _Session(
             client,
+            session,
             down,
             down_writer,
             up,
@@ -573,40 +707,50 @@ class FlightChannel(Channel):
             target=self._read_loop, args=(s,), name="tensorwire-flight-reader", daemon=True
         )
         s.thread.start()
-        return s
+        wait = remaining(deadline)
+        s.answered.wait(2 * HANDSHAKE_TIMEOUT if wait is None else min(wait, 2 * HANDSHAKE_TIMEOUT))
+        failure = s.inbox.failed  # before the close below fails it too
+        if s.session.welcome is not None and failure is None:
+            return s
+        self._close_session(s)
+        raise failure or TransportTimeout(f"no answer from the hub at {self.url} in time")
 
     def _read_loop(self, s: _Session) -> None:
         """Queue the hub's batches for :meth:`recv`; act on control messages as they come."""
-        reason = "the hub ended the session"
+        where = f"the hub at {self.url}"
         try:
             while True:
                 chunk = s.down.read_chunk()
                 if chunk.data is not None:
                     s.inbox.put(chunk.data)
-                    continue
                 if chunk.app_metadata is None:
                     continue
                 try:
-                    msg = decode_message(chunk.app_metadata, limits=self.limits)
+                    msg = _control(chunk.app_metadata, self.limits)
                 except WireError as exc:
-                    log.warning("flight: ignoring a bad control message from the hub: %s", exc)
+                    log.warning("flight: ignoring a bad control message from %s: %s", where, exc)
                     continue
-                if msg.kind == "welcome" and s.hub_decoders is None:
-                    s.hub_decoders = frozenset(msg.meta.get("decoders", []))
-                    s.welcomed.set()
-                elif msg.kind == "bye":
-                    reason = f"the hub at {self.url} closed the session"
-                    s.up_call.cancel()  # so the hub's end of the uplink ends too
+                try:
+                    event = s.session.receive(msg)
+                except TransportError as exc:  # refused, or not a tensorwire hub
+                    s.inbox.fail(exc)
                     return
+                if isinstance(event, Closed):
+                    s.inbox.fail(s.session.closed_error())
+                    return
+                if isinstance(event, Data):
+                    log.warning("flight: ignoring data in app_metadata from %s", where)
+                if s.session.welcome is not None:
+                    s.answered.set()
         except StopIteration:
-            s.up_call.cancel()
-        except pa.ArrowException as exc:
-            s.unreachable = isinstance(exc, flight.FlightUnavailableError)
-            reason = f"the session broke: {exc}"
-            s.up_call.cancel()
+            s.inbox.fail(PeerGone(f"{where} ended the session"))
+        except flight.FlightUnavailableError as exc:
+            s.inbox.fail(TransportError(f"no hub answers at {self.url}: {exc}"))
+        except FLIGHT_ERRORS as exc:
+            s.inbox.fail(PeerGone(f"the session with {where} broke: {exc}"))
         finally:
-            s.inbox.put(_Ended(reason))
-            s.welcomed.set()
+            s.up_call.cancel()  # so the hub's end of the uplink ends too
+            s.answered.set()
 
     def _live(self) -> _Session:
         if self._session is None:
@@ -616,47 +760,39 @@ class FlightChannel(Channel):
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         s = self._live()
         with self._send_lock:
-            timer = None
-            expired = threading.Event()  # set before the cancel, so the failed write sees it
-
-            def expire() -> None:
-                expired.set()
-                s.up_call.cancel()
-
             if deadline is not None:  # a blocked gRPC write ends only when its call is cancelled
-                timer = threading.Timer(remaining(deadline) or 0.0, expire)
-                timer.start()
+                self._watchdog.arm(deadline, s.up_call.cancel)
             try:
                 for piece in _pieces(enc, self._batch_bytes):
                     s.up.write_batch(_batch(piece))
-            except pa.ArrowException as exc:
+            except FLIGHT_ERRORS as exc:
                 self._drop()  # half a message leaves the uplink unusable
-                if expired.is_set():
+                if self._watchdog.fired():
                     raise TransportTimeout(f"send of {enc.nbytes} bytes timed out") from None
                 raise PeerGone(f"session with {self.url} broke: {exc}") from None
             finally:
-                if timer is not None:
-                    timer.cancel()
+                self._watchdog.disarm()
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         s = self._live()
         while True:
             if not s.stream.in_message:
                 s.stream.set_out(out)
-            msg = s.stream.next_event()
+            msg = s.stream.next_event()  # a bad message raises its WireError; the stream goes on
             if msg is not NEED_DATA:
                 if msg.kind == "data":
                     return msg
+                if isinstance(s.session.receive(msg), Closed):
+                    self._drop()
+                    raise s.session.closed_error()
                 continue
             try:
-                item = s.inbox.get(timeout=remaining(deadline))
-            except queue.Empty:
-                raise TransportTimeout("no message from the hub in time") from None
-            if isinstance(item, _Ended):
+                batch = s.inbox.get(deadline)
+            except PeerGone:
                 self._drop()
-                raise PeerGone(item.reason)
+                raise
             try:
-                _feed(s.stream, item)
+                _feed(s.stream, batch)
             except WireError:
                 self._drop()  # framing is lost with the bytes of a bad batch
                 raise
@@ -665,6 +801,7 @@ class FlightChannel(Channel):
         """End the session at once, without a goodbye."""
         s, self._session = self._session, None
         if s is not None:
+            s.inbox.fail(PeerGone("channel is closed; call reconnect()"))
             self._close_session(s)
 
     def _close_session(self, s: _Session) -> None:
@@ -674,28 +811,17 @@ class FlightChannel(Channel):
             s.thread.join(timeout=5)
         with self._send_lock:
             for closable in (s.down_writer, s.up, s.client):
-                with contextlib.suppress(pa.ArrowException):
+                with contextlib.suppress(FLIGHT_ERRORS):
                     closable.close()
 
     def close(self) -> None:
         """Say goodbye to the hub and end the session."""
         s = self._session
-        if s is None:
-            return
-        with self._send_lock, contextlib.suppress(pa.ArrowException):
-            s.up.write_metadata(_control("bye", {}))
-            s.up.done_writing()
-        if s.thread is not None:
-            s.thread.join(BYE_TIMEOUT)  # the hub ends the downlink on our bye
-        self._drop()
-
-
-def _end_reason(s: _Session) -> str:
-    """Why a session that was not welcomed ended (the reader thread's last word)."""
-    while True:
-        try:
-            item = s.inbox.get_nowait()
-        except queue.Empty:
-            return "no welcome in time"
-        if isinstance(item, _Ended):
-            return item.reason
+        if s is not None:
+            with self._send_lock, contextlib.suppress(FLIGHT_ERRORS):
+                s.up.write_metadata(bye().to_bytes())
+                s.up.done_writing()
+            if s.thread is not None:
+                s.thread.join(BYE_TIMEOUT)  # the hub ends the downlink on our bye
+            self._drop()
+        self._watchdog.stop()

@@ -1,29 +1,32 @@
 """``shm://name``: messages between processes of one host through shared memory, one copy.
 
-Control: a Unix ``SOCK_SEQPACKET`` socket at the abstract address ``\\0tensorwire-<name>``
-(nothing on the file system to leak; the name vanishes with the hub's socket, even after a
-``kill -9``). Each packet is one tensorwire message: ``hello`` / ``welcome`` / ``bye`` as over
-``tcp://``; ``data``, a message of at most :data:`INLINE_BYTES` carried in the packet itself;
-``shm`` (meta ``seg``, ``offset``, ``nbytes``), a bigger message that lies in shared segment
-``seg``; ``release`` (receiver to sender: segment ``seg`` is free again) and ``drop`` (sender
-to receiver: segment ``seg`` is retired, forget it). Packets keep their boundaries, so a bad
-one costs only itself, and a send that times out leaves nothing half-sent.
+``docs/transports/shm.md`` specifies the layout. Control: a Unix ``SOCK_SEQPACKET`` socket at
+the abstract address ``\\0tensorwire-<name>`` (nothing on the file system to leak; the name
+vanishes with the hub's socket, even after a ``kill -9``). Each packet is one tensorwire
+message: the session's ``hello`` / ``welcome`` / ``refuse`` / ``bye`` (``docs/session.md``);
+``data``, a message of at most :data:`INLINE_BYTES` carried in the packet itself; ``shm``
+(meta ``seg``, ``offset``, ``nbytes``), a bigger message that lies in shared segment ``seg``;
+``release`` (receiver to sender: segment ``seg`` is free again) and ``drop`` (sender to
+receiver: segment ``seg`` is retired, forget it). Packets keep their boundaries, so a bad one
+costs only itself, and a send that times out leaves nothing half-sent.
 
-Data: a segment is a memfd the sender creates, seals against shrinking and growing, maps,
-and passes to each receiver once, with ``SCM_RIGHTS`` on the packet that first names it. A
-memfd has no name, so no process can leak one (it is freed when the last mapping goes), and
-the seal means no peer can truncate it under a reader's mapping (a SIGBUS). The sender writes
-the encoded message straight into the segment, hashing each piece on the way: the one copy.
-The receiver decodes raw tensors as views of the segment: no copy. A broadcast writes one
-segment that every client maps.
+Data: a segment is a memfd the sender creates, allocates whole, seals against shrinking and
+growing, maps, and passes to each receiver once, with ``SCM_RIGHTS`` on the packet that first
+names it. A memfd has no name, so no process can leak one (it is freed when the last mapping
+goes); the seal means no peer can truncate it under a reader's mapping (a SIGBUS), and a
+receiver refuses a sparse one, whose pages reading would allocate on the receiver's account.
+The sender writes the encoded message straight into the segment, hashing each piece on the
+way: the one copy. The receiver decodes raw tensors as views of the segment: no copy. A
+broadcast writes one segment that every client maps.
 
 Ownership: a received message's raw tensors are views of shared memory the sender does not
 touch until the receiver releases it, and the receiver releases it when the last of those
 arrays is garbage-collected. The data never changes under you, whatever you keep, for as
 long as you keep it. The cost: while one receiver holds ``max_segments`` messages from a
 sender, that sender waits (up to its send timeout) before it sends that receiver another big
-one. To keep a message for long, copy it (``arr.copy()``) or receive into your own arrays with
-``recv(out=...)`` (a second copy; the segment is released at once).
+one (a broadcast goes to the others at once). To keep a message for long, copy it
+(``arr.copy()``) or receive into your own arrays with ``recv(out=...)`` (a second copy; the
+segment is released at once).
 
 Only processes of the same user (or root) may connect, unless ``trust_other_users=True``:
 a peer keeps write access to the segments it sends, which over ``tcp://`` it would not have.
@@ -49,31 +52,42 @@ import threading
 import time
 import uuid
 import weakref
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tensorwire.codecs import AutoCodec
+from tensorwire.codecs import AutoCodec, get_codec
 from tensorwire.errors import (
+    AuthenticationError,
     MalformedHeader,
     MessageTooLarge,
     PeerGone,
+    SessionRefused,
     TransportError,
     TransportTimeout,
     WireError,
 )
 from tensorwire.transports.base import (
-    PROTOCOL_VERSION,
     Channel,
     Hub,
+    Inbox,
     deadline_after,
     default_client_id,
-    parse_hello,
+    dial,
     remaining,
 )
-from tensorwire.wire import EncodedMessage, Limits, Message, encode_message
+from tensorwire.transports.session import (
+    HELLO_LIMITS,
+    ClientSession,
+    Closed,
+    Data,
+    HubSession,
+    Welcomed,
+    bye,
+)
+from tensorwire.wire import EncodedMessage, Limits, Message, decode_message, encode_message
 from tensorwire.wire.pool import size_class
 
 log = logging.getLogger("tensorwire.transports.shm")
@@ -87,6 +101,7 @@ MAX_MAPPED = 256
 SHM_BANDWIDTH = 4e9
 """Bytes/s a same-host copy moves: where ``codec="auto"`` starts its link estimate."""
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
+MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or dropping a segment) before giving up
 RELEASE_TIMEOUT = 10.0  # seconds a release notice may wait for room in the socket
 
@@ -98,7 +113,8 @@ _ANCILLARY = socket.CMSG_SPACE(_FD_BYTES)
 
 
 class BadSegment(WireError):
-    """A peer named a shared segment that is missing, unsealed, too small or still in use."""
+    """A peer named a shared segment that is missing, unsealed, sparse, too small or still in
+    use."""
 
 
 def _address(name: str) -> str:
@@ -125,14 +141,30 @@ def _require_linux() -> None:
         )
 
 
-def _check_peer_user(sock: socket.socket, trust_other_users: bool) -> None:
-    """Refuse a peer of another user (root excepted) unless told to trust them."""
+def _peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process at the other end of ``sock``."""
     pid, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid
+
+
+def _check_peer_user(sock: socket.socket, trust_other_users: bool) -> None:
+    """Refuse (``AuthenticationError``) a peer of another user, root excepted, unless told to
+    trust them."""
+    pid, uid = _peer_cred(sock)
     if not trust_other_users and uid not in (os.geteuid(), 0):
-        raise TransportError(
+        raise AuthenticationError(
             f"process {pid} of user {uid} is not of this user ({os.geteuid()}); shm:// peers "
             "can write into the memory they send, so pass trust_other_users=True to allow them"
         )
+
+
+def _who(sock: socket.socket) -> str:
+    """The process at the other end of ``sock``, for logs: "pid N" (one key per process, so
+    that a flood of connections from one is logged as one)."""
+    try:
+        return f"pid {_peer_cred(sock)[0]}"
+    except OSError:
+        return "a process gone already"
 
 
 def _packet(kind: str, meta: dict[str, Any]) -> bytes:
@@ -178,23 +210,28 @@ def _wait_ready(sock: socket.socket, events: int, deadline: float | None, what: 
             return
 
 
+def _try_send(sock: socket.socket, parts: list[Any], fds: list[int] | None) -> bool:
+    """One attempt at sending a packet (``parts`` joined, ``fds`` attached) without waiting;
+    False when the socket has no room. A packet goes whole or not at all."""
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    try:
+        sock.sendmsg(parts, ancillary, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise PeerGone(f"shm: connection lost: {exc}") from None
+    return True
+
+
 def _send_packet(
     sock: socket.socket, parts: list[Any], deadline: float | None, fds: list[int] | None = None
 ) -> None:
-    """Send one packet (the concatenation of ``parts``), with ``fds`` attached.
+    """Send one packet, waiting for room until ``deadline``.
 
-    Never blocks the socket itself, so threads can share it without a lock: a packet is
-    sent whole or not at all.
+    Never blocks the socket itself, so threads can share it without a lock.
     """
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    while True:
-        try:
-            sock.sendmsg(parts, ancillary, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-            return
-        except BlockingIOError:
-            _wait_ready(sock, select.POLLOUT, deadline, "send")
-        except OSError as exc:
-            raise PeerGone(f"shm: connection lost: {exc}") from None
+    while not _try_send(sock, parts, fds):
+        _wait_ready(sock, select.POLLOUT, deadline, "send")
 
 
 def _recv_packet(
@@ -221,6 +258,43 @@ def _recv_packet(
     if not n and not fds:
         raise PeerGone("shm: the peer closed the connection")
     return n, fds
+
+
+def _send_each(
+    conns: list[_Conn],
+    packet: Callable[[_Conn], tuple[list[Any], list[int] | None]],
+    deadline: float | None,
+) -> dict[_Conn, Exception]:
+    """Send each conn its ``packet(conn)`` (parts, fds); return the error of each that failed.
+
+    All at once: a conn whose socket is full waits for room (until ``deadline``) without
+    holding up the others.
+    """
+    failed: dict[_Conn, Exception] = {}
+    pending = conns
+    while pending:
+        full = []
+        for conn in pending:
+            try:
+                if not _try_send(conn.sock, *packet(conn)):
+                    full.append(conn)
+            except PeerGone as exc:
+                failed[conn] = exc
+        pending = full
+        if not pending:
+            break
+        left = remaining(deadline)
+        if left == 0.0:
+            failed.update((c, TransportTimeout("shm: send timed out")) for c in pending)
+            break
+        poller = select.poll()
+        try:
+            for conn in pending:
+                poller.register(conn.sock, select.POLLOUT)
+        except (ValueError, OSError):  # closed under us: the next try says so
+            continue
+        poller.poll(None if left is None else max(1, math.ceil(left * 1000)))
+    return failed
 
 
 @dataclass(eq=False)
@@ -253,6 +327,7 @@ class _Segment:
         self.fd = os.memfd_create(f"tensorwire-{seg_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, size)
+            os.posix_fallocate(self.fd, 0, size)  # receivers refuse sparse segments
             seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
             fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, seals)
             self.mm = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
@@ -304,34 +379,37 @@ class _Outbox:
 
     def acquire(
         self, nbytes: int, conns: list[_Conn], deadline: float | None
-    ) -> tuple[_Segment | None, list[_Conn], dict[_Conn, Exception]]:
-        """A segment of at least ``nbytes``, the conns it is now held for, and why the other
-        conns were left out.
+    ) -> tuple[_Segment | None, list[_Conn], list[_Conn], dict[_Conn, Exception]]:
+        """A segment of at least ``nbytes`` and the conns it is now held for; the conns to
+        try again (they hold ``max_segments`` of these segments); why the others were left out.
 
-        Waits (until ``deadline``) while a receiver holds ``max_segments`` of these segments.
+        Waits (until ``deadline``) only while every live conn holds ``max_segments``: a
+        receiver that keeps its messages does not hold up the others.
         """
         with self._cond:
             while True:
                 if self._closed:
-                    return None, [], {c: PeerGone("shm: endpoint closed") for c in conns}
+                    return None, [], [], {c: PeerGone("shm: endpoint closed") for c in conns}
                 failed: dict[_Conn, Exception] = {
                     c: PeerGone(f"shm: {c.peer!r} is gone") for c in conns if not c.alive
                 }
                 full = [c for c in conns if c.alive and self._held_by(c) >= self.max_segments]
+                takers = [c for c in conns if c not in failed and c not in full]
                 left = remaining(deadline)
-                if not full or left == 0.0:
+                if takers or not full or left == 0.0:
                     break
                 self._cond.wait(left)
-            for c in full:
-                failed[c] = TransportTimeout(
-                    f"shm: {c.peer!r} still holds max_segments={self.max_segments} big messages "
-                    "(their arrays are views of shared memory): it must drop them, copy what it "
-                    "keeps, or receive with recv(out=...) before it gets more; or raise "
-                    "max_segments"
-                )
-            takers = [c for c in conns if c not in failed]
+            if left == 0.0:
+                for c in full:
+                    failed[c] = TransportTimeout(
+                        f"shm: {c.peer!r} still holds max_segments={self.max_segments} big "
+                        "messages (their arrays are views of shared memory): it must drop them, "
+                        "copy what it keeps, or receive with recv(out=...) before it gets more; "
+                        "or raise max_segments"
+                    )
+                full = []
             if not takers:
-                return None, [], failed
+                return None, [], full, failed
             free = [s for s in self._segments.values() if not s.holders and s.size >= nbytes]
             seg = min(free, key=lambda s: s.size) if free else None
             if seg is None:
@@ -346,19 +424,23 @@ class _Outbox:
             seg.holders = set(takers)
             retired = self._trim()
         self._retire(retired)
-        return seg, takers, failed
+        return seg, takers, full, failed
 
     def notify(
-        self, seg: _Segment, conn: _Conn, offset: int, nbytes: int, deadline: float | None
-    ) -> None:
-        """Tell ``conn`` the message is in ``seg`` (passing the descriptor the first time)."""
-        first = conn not in seg.mapped_by
+        self, seg: _Segment, conns: list[_Conn], offset: int, nbytes: int, deadline: float | None
+    ) -> dict[_Conn, Exception]:
+        """Tell each of ``conns`` the message is in ``seg`` (passing the descriptor to those
+        that never had it); return why each that was not told failed, and release it."""
         note = _packet("shm", {"seg": seg.id, "offset": offset, "nbytes": nbytes})
-        conn.send([note], deadline, [seg.fd] if first else None)
-        if first:
-            with self._cond:
-                if conn.alive:
-                    seg.mapped_by.add(conn)
+        with self._cond:
+            fresh = {c for c in conns if c not in seg.mapped_by}
+        failed = _send_each(conns, lambda c: ([note], [seg.fd] if c in fresh else None), deadline)
+        with self._cond:
+            seg.mapped_by.update(c for c in fresh if c.alive and c not in failed)
+        for conn in failed:
+            with contextlib.suppress(BadSegment):  # forgotten meanwhile: nothing to release
+                self.release(conn, seg.id)
+        return failed
 
     def release(self, conn: _Conn, seg_id: int) -> None:
         """``conn`` is done with ``seg_id``; BadSegment if it did not hold it."""
@@ -420,32 +502,24 @@ def _send_message(
     outbox: _Outbox, conns: list[_Conn], enc: EncodedMessage, deadline: float | None
 ) -> dict[_Conn, Exception]:
     """Send ``enc`` to each of ``conns``; return the error of each that failed."""
-    failed: dict[_Conn, Exception] = {}
     if enc.nbytes <= INLINE_BYTES:
         frames = enc.frames()
-        for conn in conns:
-            try:
-                conn.send(frames, deadline)
-            except TransportError as exc:
-                failed[conn] = exc
-        return failed
-    seg, takers, failed = outbox.acquire(enc.nbytes + ALIGN, conns, deadline)
-    if seg is None:
-        return failed
-    try:
-        offset = seg.write(enc)
-    except BaseException:
-        for conn in takers:
-            with contextlib.suppress(BadSegment):  # forgotten meanwhile: nothing to release
-                outbox.release(conn, seg.id)
-        raise
-    for conn in takers:
+        return _send_each(conns, lambda _: (frames, None), deadline)
+    failed: dict[_Conn, Exception] = {}
+    waiting = conns
+    while waiting:  # each round takes at least one conn, or fails them all
+        seg, takers, waiting, left_out = outbox.acquire(enc.nbytes + ALIGN, waiting, deadline)
+        failed.update(left_out)
+        if seg is None:
+            continue
         try:
-            outbox.notify(seg, conn, offset, enc.nbytes, deadline)
-        except TransportError as exc:
-            failed[conn] = exc
-            with contextlib.suppress(BadSegment):  # forgotten meanwhile: nothing to release
-                outbox.release(conn, seg.id)
+            offset = seg.write(enc)  # once per round: a late receiver gets a copy of its own
+        except BaseException:
+            for conn in takers:
+                with contextlib.suppress(BadSegment):  # forgotten meanwhile: nothing to release
+                    outbox.release(conn, seg.id)
+            raise
+        failed.update(outbox.notify(seg, takers, offset, enc.nbytes, deadline))
     return failed
 
 
@@ -462,7 +536,7 @@ class _Claim:
     nbytes: int
 
 
-class _Inbox:
+class _Mappings:
     """The segments one peer passed us, mapped; hands out message views that release
     their segment (through ``releases``) when the last of them is garbage-collected."""
 
@@ -505,6 +579,11 @@ class _Inbox:
                 raise BadSegment(
                     f"segment {seg} is not sealed against shrinking: the peer could truncate it "
                     "under our mapping"
+                )
+            if st.st_blocks * 512 < st.st_size:
+                raise BadSegment(
+                    f"segment {seg} declares {st.st_size} bytes but holds "
+                    f"{st.st_blocks * 512}: reading its holes would allocate them here"
                 )
             try:
                 self._maps[seg] = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED)
@@ -610,7 +689,7 @@ class ShmHub(Hub):
         self._releaser = _Releaser(f"tensorwire-shm-release-{name}")
         self._conns: dict[str, _Conn] = {}
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._threads: set[threading.Thread] = set()  # one per connection, until it ends
         self._accepting = threading.Thread(
             target=self._accept_loop, name=f"tensorwire-shm-accept-{name}", daemon=True
         )
@@ -622,80 +701,117 @@ class ShmHub(Hub):
                 sock, _ = self._lsock.accept()
             except OSError:
                 return  # listening socket shut down by close()
+            with self._lock:
+                crowded = len(self._threads) - len(self._conns) >= MAX_HANDSHAKES
+            if crowded:  # a flood of silent connections must not cost a thread each
+                self._refused(_who(sock), TransportError("too many handshakes"))
+                sock.close()
+                continue
             t = threading.Thread(
                 target=self._serve_connection, args=(sock,), name="tensorwire-shm-conn", daemon=True
             )
-            self._threads.append(t)
+            with self._lock:
+                self._threads.add(t)
             t.start()
 
-    def _handshake(self, sock: socket.socket) -> tuple[str, frozenset[str]]:
-        _check_peer_user(sock, self._trust)
-        buf = bytearray(INLINE_BYTES)
+    def _handshake(self, sock: socket.socket) -> HubSession:
+        """Read the hello (under HELLO_LIMITS) and answer it; raise why if it is refused."""
         deadline = deadline_after(HANDSHAKE_TIMEOUT)
+        buf = bytearray(HELLO_LIMITS.max_message_bytes)
         n, fds = _recv_packet(sock, memoryview(buf), deadline)
         _close_fds(fds)
-        cid, decoders = parse_hello(self._decode_whole(memoryview(buf)[:n], time.perf_counter()))
-        welcome = {"decoders": self.decoders, "version": PROTOCOL_VERSION}
-        _send_packet(sock, [_packet("welcome", welcome)], deadline)
-        return cid, decoders
+        session = HubSession(**self._session_options())
+        try:
+            _check_peer_user(sock, self._trust)
+            session.receive(
+                decode_message(memoryview(buf)[:n], limits=HELLO_LIMITS, codec_lookup=get_codec)
+            )
+        except SessionRefused as exc:
+            with contextlib.suppress(TransportError):  # it hung up: nothing to tell
+                _send_packet(sock, [session.refusal(exc).to_bytes()], deadline_after(BYE_TIMEOUT))
+            raise
+        _send_packet(sock, [session.welcome().to_bytes()], deadline)
+        return session
 
     def _serve_connection(self, sock: socket.socket) -> None:
         try:
-            cid, decoders = self._handshake(sock)
+            session = self._handshake(sock)
         except (WireError, TransportError) as exc:
-            log.warning("shm: refused a connection to %s: %s", self.url, exc)
+            self._refused(_who(sock), exc)
             sock.close()
+            with self._lock:
+                self._threads.discard(threading.current_thread())
             return
+        hello = session.hello
+        assert hello is not None
+        cid = hello.client_id
         conn = _Conn(sock, cid)
-        inbox = _Inbox(conn, self._releaser.queue)
+        mappings = _Mappings(conn, self._releaser.queue)
         with self._lock:
             old = self._conns.get(cid)
             self._conns[cid] = conn
         if old is not None:
             log.info("shm: client %r reconnected; closing its old connection", cid)
             old.shutdown()
-        self._joined(cid, decoders, session=conn)
-        reason = self._read_loop(conn, inbox)
+        self._joined(cid, hello.decoders, session=conn, max_message_bytes=hello.max_message_bytes)
+        reason = self._read_loop(conn, mappings, session)
         with self._lock:
             current = self._conns.get(cid) is conn
             if current:
                 del self._conns[cid]
+            self._threads.discard(threading.current_thread())
         conn.shutdown()
         self._outbox.forget(conn)
-        inbox.close()
+        mappings.close()
         sock.close()
         if current:
             self._left(cid, reason, session=conn)
 
-    def _read_loop(self, conn: _Conn, inbox: _Inbox) -> str:
+    def _read_loop(self, conn: _Conn, mappings: _Mappings, session: HubSession) -> str:
         """Handle the client's packets until it leaves; return why it left."""
         buf = memoryview(bytearray(INLINE_BYTES))
         while True:
             fds: list[int] = []
             try:
                 n, fds = _recv_packet(conn.sock, buf)
-                t = time.perf_counter()
-                # A copy of the packet: inline tensors are views of it, and buf is reused.
-                msg = self._decode_whole(bytearray(buf[:n]), t)
-                if msg.kind == "data":
-                    self._delivered(conn.peer, msg)
-                elif msg.kind == "shm":
-                    claim = inbox.claim(msg.meta, fds)
-                    self._delivered(conn.peer, self._decode_whole(inbox.open(claim), t))
-                elif msg.kind == "release":
-                    self._outbox.release(conn, _count(msg.meta, "seg"))
-                elif msg.kind == "drop":
-                    inbox.drop(_count(msg.meta, "seg"))
-                elif msg.kind == "bye":
-                    return "said goodbye"
-                else:
-                    log.debug("shm: ignoring %r packet from %r", msg.kind, conn.peer)
+                if reason := self._on_packet(conn, mappings, session, buf[:n], fds):
+                    return reason
             except WireError as exc:
                 self._rejected(conn.peer, _without_frames(exc))
             except PeerGone as exc:
                 return str(exc)
             finally:
                 _close_fds(fds)
+
+    def _on_packet(
+        self,
+        conn: _Conn,
+        mappings: _Mappings,
+        session: HubSession,
+        packet: memoryview,
+        fds: list[int],
+    ) -> str | None:
+        """Act on one packet; return why the session ended, if it did. (A method of its own so
+        that no local of the read loop keeps a delivered message's segment held.)"""
+        t = time.perf_counter()
+        # A copy of the packet: inline tensors are views of it, and the buffer is reused.
+        msg = self._decode_whole(bytearray(packet), t)
+        if msg.kind == "shm":
+            msg = self._decode_whole(mappings.open(mappings.claim(msg.meta, fds)), t)
+        elif msg.kind == "release":
+            self._outbox.release(conn, _count(msg.meta, "seg"))
+            return None
+        elif msg.kind == "drop":
+            mappings.drop(_count(msg.meta, "seg"))
+            return None
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(conn.peer, msg)
+        elif isinstance(event, Closed):
+            return event.reason
+        else:
+            log.debug("shm: %r: %s", conn.peer, event)
+        return None
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
@@ -726,12 +842,13 @@ class ShmHub(Hub):
         self._accepting.join(timeout=5)
         with self._lock:
             conns = list(self._conns.values())
-        bye = _packet("bye", {})
+            threads = list(self._threads)
+        goodbye = bye("the hub is closing").to_bytes()
         for conn in conns:
             with contextlib.suppress(TransportError):
-                conn.send([bye], deadline_after(BYE_TIMEOUT))
+                conn.send([goodbye], deadline_after(BYE_TIMEOUT))
             conn.shutdown()
-        for t in self._threads:
+        for t in threads:
             t.join(timeout=5)
         self._outbox.close()
         self._releaser.stop()
@@ -770,75 +887,70 @@ class ShmChannel(Channel):
         self._trust = trust_other_users
         self._max_segments = max_segments
         self._cache_bytes = cache_bytes
-        self._cond = threading.Condition()
-        # ("data", packet, msg, t), ("shm", inbox, claim, t), or an error to raise
-        self._items: deque[Any] = deque()
+        # ("data", packet, msg, t) or ("shm", mappings, claim, t) from the reader thread, or
+        # the WireError of a bad packet
+        self._inbox = Inbox()
         self._conn: _Conn | None = None
         self._releaser: _Releaser | None = None
         self.reconnect(timeout)
 
-    def _dial(self, deadline: float | None, timeout: float) -> socket.socket:
-        delay = 0.02
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                sock.connect(self._address)
-                return sock
-            except OSError as exc:  # hub not up yet: keep trying until the deadline
-                sock.close()
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise TransportTimeout(
-                        f"could not connect to {self.url} within {timeout} s: {exc}"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+    def _open(self, deadline: float | None) -> tuple[socket.socket, ClientSession, Welcomed]:
+        """One attempt: connect, say hello, read the answer by ``deadline`` (at most twice the
+        hub's handshake window). ``OSError`` when it may be worth retrying."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(self._address)
+            _check_peer_user(sock, self._trust)
+            session = ClientSession(
+                self.client_id,
+                decoders=self.decoders,
+                max_message_bytes=self.limits.max_message_bytes,
+                where=f"the hub at {self.url}",
+            )
+            answer_by = time.monotonic() + 2 * HANDSHAKE_TIMEOUT
+            if deadline is not None:
+                answer_by = min(deadline, answer_by)
+            _send_packet(sock, [session.hello().to_bytes()], answer_by)
+            buf = bytearray(INLINE_BYTES)
+            n, fds = _recv_packet(sock, memoryview(buf), answer_by)
+            _close_fds(fds)
+            welcome = session.receive(self._decode_whole(memoryview(buf)[:n], time.perf_counter()))
+        except BaseException:
+            sock.close()
+            raise
+        assert isinstance(welcome, Welcomed)
+        return sock, session, welcome
 
     def reconnect(self, timeout: float = 30.0) -> None:
         """(Re)dial the hub and say hello with the same client id."""
         self._drop()
-        deadline = deadline_after(timeout)
-        sock = self._dial(deadline, timeout)
-        try:
-            _check_peer_user(sock, self._trust)
-            hello = {
-                "client_id": self.client_id,
-                "decoders": self.decoders,
-                "version": PROTOCOL_VERSION,
-            }
-            _send_packet(sock, [_packet("hello", hello)], deadline)
-            buf = bytearray(INLINE_BYTES)
-            n, fds = _recv_packet(sock, memoryview(buf), deadline)
-            _close_fds(fds)
-            welcome = self._decode_whole(memoryview(buf)[:n], time.perf_counter())
-            if welcome.kind != "welcome":
-                raise TransportError(f"hub at {self.url} answered {welcome.kind!r}, not welcome")
-        except BaseException:
-            sock.close()
-            raise
-        self.hub_decoders = frozenset(welcome.meta.get("decoders", []))
+        sock, session, welcome = dial(self._open, what=self.url, timeout=timeout)
+        self.hub_decoders = welcome.decoders
+        self.hub_max_bytes = welcome.max_message_bytes
         if self._releaser is None:
             self._releaser = _Releaser(f"tensorwire-shm-release-{self.client_id}")
         conn = _Conn(sock, "hub")
-        self._inbox = _Inbox(conn, self._releaser.queue)
+        self._mappings = _Mappings(conn, self._releaser.queue)
         self._outbox = _Outbox(self._max_segments, self._cache_bytes)
-        with self._cond:
-            self._items.clear()
-            self._conn = conn
+        self._inbox = Inbox()
+        self._conn = conn
         self._reader = threading.Thread(
             target=self._read_loop,
-            args=(conn, self._inbox, self._outbox),
+            args=(conn, session, self._mappings, self._outbox, self._inbox),
             name=f"tensorwire-shm-read-{self.client_id}",
             daemon=True,
         )
         self._reader.start()
 
-    def _put(self, item: Any) -> None:
-        with self._cond:
-            self._items.append(item)
-            self._cond.notify_all()
-
-    def _read_loop(self, conn: _Conn, inbox: _Inbox, outbox: _Outbox) -> None:
-        """Queue the hub's messages for recv; handle releases and drops at once."""
+    def _read_loop(
+        self,
+        conn: _Conn,
+        session: ClientSession,
+        mappings: _Mappings,
+        outbox: _Outbox,
+        inbox: Inbox,
+    ) -> None:
+        """Queue the hub's messages for recv; handle releases, drops and bye at once."""
         buf = memoryview(bytearray(INLINE_BYTES))
         while True:
             fds: list[int] = []
@@ -848,52 +960,42 @@ class ShmChannel(Channel):
                 packet = bytearray(buf[:n])  # inline tensors are views of it; buf is reused
                 msg = self._decode_whole(packet, t)
                 if msg.kind == "data":
-                    self._put(("data", packet, msg, t))
+                    inbox.put(("data", packet, msg, t))
                 elif msg.kind == "shm":
-                    self._put(("shm", inbox, inbox.claim(msg.meta, fds), t))
+                    inbox.put(("shm", mappings, mappings.claim(msg.meta, fds), t))
                 elif msg.kind == "release":
                     outbox.release(conn, _count(msg.meta, "seg"))
                 elif msg.kind == "drop":
-                    inbox.drop(_count(msg.meta, "seg"))
-                elif msg.kind == "bye":
-                    self._lost(conn, outbox, PeerGone(f"hub at {self.url} closed the session"))
+                    mappings.drop(_count(msg.meta, "seg"))
+                elif isinstance(session.receive(msg), Closed):
+                    self._lost(conn, outbox, inbox, session.closed_error())
                     return
-                else:
-                    log.debug("shm: ignoring %r packet from the hub", msg.kind)
             except WireError as exc:
-                self._put(_without_frames(exc))
+                inbox.put(_without_frames(exc))
             except PeerGone as exc:
-                self._lost(conn, outbox, exc)
+                self._lost(conn, outbox, inbox, exc)
                 return
             finally:
                 _close_fds(fds)
 
-    def _lost(self, conn: _Conn, outbox: _Outbox, exc: PeerGone) -> None:
+    @staticmethod
+    def _lost(conn: _Conn, outbox: _Outbox, inbox: Inbox, exc: PeerGone) -> None:
         conn.alive = False
         outbox.forget(conn)
-        self._put(exc)
-
-    def _take(self, deadline: float | None) -> Any:
-        with self._cond:
-            while not self._items:
-                if self._conn is None or not self._conn.alive:
-                    raise PeerGone("channel is closed; call reconnect()")
-                left = remaining(deadline)
-                if left == 0.0:
-                    raise TransportTimeout("no message from the hub in time")
-                self._cond.wait(left)
-            return self._items.popleft()
+        inbox.fail(exc)
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
-        item = self._take(deadline)
-        if isinstance(item, Exception):
+        if self._conn is None:
+            raise PeerGone("channel is closed; call reconnect()")
+        item = self._inbox.get(deadline)
+        if isinstance(item, WireError):
             raise item
         try:
             if item[0] == "data":
                 _, packet, msg, t = item
                 return msg if out is None else self._decode_whole(packet, t, out)
-            _, inbox, claim, t = item
-            return self._decode_whole(inbox.open(claim), t, out)
+            _, mappings, claim, t = item
+            return self._decode_whole(mappings.open(claim), t, out)
         except WireError as exc:
             raise _without_frames(exc) from None
 
@@ -907,15 +1009,14 @@ class ShmChannel(Channel):
 
     def _drop(self) -> None:
         """Cut the connection without a goodbye (also what close() ends with)."""
-        with self._cond:
-            conn, self._conn = self._conn, None
-            self._cond.notify_all()
+        conn, self._conn = self._conn, None
         if conn is None:
             return
+        self._inbox.fail(PeerGone("channel is closed; call reconnect()"))
         conn.shutdown()
         self._reader.join(timeout=5)
         self._outbox.close()
-        self._inbox.close()
+        self._mappings.close()
         conn.sock.close()
 
     def close(self) -> None:
@@ -923,7 +1024,7 @@ class ShmChannel(Channel):
         conn = self._conn
         if conn is not None and conn.alive:
             with contextlib.suppress(TransportError):
-                conn.send([_packet("bye", {})], deadline_after(BYE_TIMEOUT))
+                conn.send([bye().to_bytes()], deadline_after(BYE_TIMEOUT))
         self._drop()
         if self._releaser is not None:
             self._releaser.stop()
