@@ -46,6 +46,7 @@ from tensorwire.testbed import (
 )
 from tensorwire.testbed.base import BaseTestbed, stop_all
 from tensorwire.transports.registry import bench_protocols
+from tensorwire.transports.security import TLS
 
 SERVER_PORT = 5555  # the FL server's port in the server namespace (a fresh one: always free)
 JOIN_TIMEOUT = 180.0  # seconds the server waits for every device (2 s of torch import each)
@@ -157,12 +158,34 @@ class Endpoints:
     broker: dict[str, Any] | None = None
 
 
+def hub_tls(certs: Path) -> TLS:
+    """The TLS settings of ``tensorwire certs``' hub files in ``certs`` (a broker's too)."""
+    return TLS(cert=certs / "hub.pem", key=certs / "hub.key", ca=certs / "ca.pem")
+
+
+def enrol(testbed: BaseTestbed, exp: Experiment, exp_dir: Path) -> Path | None:
+    """For a secured experiment, the certificates and keys of its hub and devices (in
+    ``exp_dir/certs``); None for an unsecured one."""
+    if exp.security == "none":
+        return None
+    from tensorwire.transports.certs import make_certs
+
+    certs = exp_dir / "certs"
+    hosts = list(dict.fromkeys([testbed.server_address, "127.0.0.1", "localhost"]))
+    devices = [f"device-{i}" for i in range(1, exp.clients + 1)]
+    make_certs(certs, hosts=hosts, clients=devices)
+    return certs
+
+
 @contextlib.contextmanager
-def endpoints(testbed: BaseTestbed, exp: Experiment) -> Iterator[Endpoints]:
+def endpoints(
+    testbed: BaseTestbed, exp: Experiment, certs: Path | None = None
+) -> Iterator[Endpoints]:
     """The URLs of ``exp``'s server and devices; for a transport with a broker (mqtt, amqp) a
-    private one runs inside the server node for the duration, bound to the server's address.
-    The URLs carry the query the transport's registry entry gives the protocol, and a pace
-    for a transport that takes one."""
+    private one runs inside the server node for the duration, bound to the server's address
+    (with a TLS listener when ``certs`` secure the experiment). The URLs carry the query the
+    transport's registry entry gives the protocol, and a pace for a transport that takes
+    one."""
     entry = bench_protocols()[exp.protocol]
     params = [q] if (q := entry.protocol_query(exp.protocol)) else []
     rate = exp.link_profile().rate if testbed.shaped else None
@@ -175,7 +198,8 @@ def endpoints(testbed: BaseTestbed, exp: Experiment) -> Iterator[Endpoints]:
         prefix = testbed.command("srv", [])
         port = broker_kind.port if testbed.shaped else 0
         server_class = broker_kind.load("server")
-        with server_class(port, bind=address, command_prefix=prefix) as broker:
+        tls = {"tls": hub_tls(certs)} if certs is not None else {}
+        with server_class(port, bind=address, command_prefix=prefix, **tls) as broker:
             url = _with_query(broker.url(tag), params)
             facts = {a: getattr(broker, a) for a in ("pid", "node") if hasattr(broker, a)}
             yield Endpoints(url, url, {"kind": broker_kind.name, "url": url, **facts})
@@ -197,8 +221,11 @@ def _python_tensorwire(*args: str) -> list[str]:
     return [sys.executable, "-m", "tensorwire", *args]
 
 
-def server_command(exp: Experiment, url: str, exp_dir: Path) -> list[str]:
+def server_command(
+    exp: Experiment, url: str, exp_dir: Path, certs: Path | None = None
+) -> list[str]:
     """``tensorwire fl server`` for ``exp``, writing results and progress into ``exp_dir``."""
+    secured = ["--certs", str(certs)] if certs is not None else []
     return _python_tensorwire(
         "fl",
         "server",
@@ -232,14 +259,16 @@ def server_command(exp: Experiment, url: str, exp_dir: Path) -> list[str]:
         str(exp_dir / "progress.jsonl"),
         "--progress-ack",
         str(ACK_TIMEOUT),
+        *secured,
     )
 
 
-def device_command(url: str, device: int) -> list[str]:
+def device_command(url: str, device: int, certs: Path | None = None) -> list[str]:
     """``tensorwire fl client`` as device ``device``, one torch thread."""
     from tensorwire.fl.run import device_command as fl_device_command
 
-    return [*fl_device_command(url, device, max(JOIN_TIMEOUT, ROUND_TIMEOUT)), "--threads", "1"]
+    timeout = max(JOIN_TIMEOUT, ROUND_TIMEOUT)
+    return [*fl_device_command(url, device, timeout, certs), "--threads", "1"]
 
 
 def experiment_limit(exp: Experiment) -> float:
@@ -313,14 +342,15 @@ def run_experiment(
     processes: list[subprocess.Popen[Any]] = []
     stressor: Stressor | None = None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with endpoints(testbed, exp) as ends:
+    certs = enrol(testbed, exp, exp_dir)
+    with endpoints(testbed, exp, certs) as ends:
         try:
             readings += _counter_rows(testbed.counters(), "start", 0)
             stressor = _start_stress(testbed, exp, network_mbit)
             with open(logs / "server.log", "wb") as log:
                 server = testbed.popen(
                     "srv",
-                    server_command(exp, ends.server_url, exp_dir),
+                    server_command(exp, ends.server_url, exp_dir, certs),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -333,7 +363,7 @@ def run_experiment(
                     processes.append(
                         testbed.popen(
                             node,
-                            device_command(ends.device_url, i),
+                            device_command(ends.device_url, i, certs),
                             stdout=log,
                             stderr=subprocess.STDOUT,
                             env=env,
@@ -436,6 +466,7 @@ def _write_manifest(
         server_url=ends.server_url,
         device_url=ends.device_url,
         broker=ends.broker,
+        secured=exp.security != "none",
         stress={
             "kind": exp.stress,
             "network_mbit": network_mbit if exp.stress == "network" else None,

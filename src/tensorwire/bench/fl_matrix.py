@@ -17,6 +17,7 @@ from tensorwire.testbed.profile import LinkProfile, as_profile
 from tensorwire.transports.registry import bench_protocols, find_transport, transports
 
 STRESSES = ("none", "cpu", "network")
+SECURITIES = ("none", "tls")  # tls: enrolled devices, encrypted traffic
 RATIO_CODECS = ("topk", "randomk", "dgc")  # the uplink codecs that keep a fraction
 
 
@@ -65,6 +66,7 @@ class Experiment:
     rep: int = 0
     downlink: str = "none"
     epochs: int = 1
+    security: str = "none"  # "tls": enrolled devices, encrypted (tensorwire certs per run)
 
     def __post_init__(self) -> None:
         from tensorwire.fl.config import FLConfig  # tensorwire.fl imports torch
@@ -73,6 +75,8 @@ class Experiment:
             raise ValueError(f"protocol {self.protocol!r}: choose among {', '.join(schemes)}")
         if self.stress not in STRESSES:
             raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
+        if self.security not in SECURITIES:
+            raise ValueError(f"security {self.security!r}: choose among {', '.join(SECURITIES)}")
         # the run's own settings are checked where the run checks them
         FLConfig(
             dataset=self.dataset,
@@ -107,6 +111,7 @@ class Experiment:
             f"up-{uplink}",
             *([f"down-{self.downlink}"] if self.downlink != "none" else []),
             *([f"{self.epochs}ep"] if self.epochs != 1 else []),
+            *([f"sec-{self.security}"] if self.security != "none" else []),
             self.dataset,
             f"{self.clients}dev",
             f"{self.rounds}rounds",
@@ -142,6 +147,7 @@ class Matrix:
     stresses: tuple[str, ...] = ("none",)
     uplinks: tuple[str, ...] = ("none",)
     downlinks: tuple[str, ...] = ("none",)
+    securities: tuple[str, ...] = ("none",)
     ratio: float = 0.01
     rounds: int = 3
     clients: int = 4
@@ -161,6 +167,7 @@ class Matrix:
             "stresses",
             "uplinks",
             "downlinks",
+            "securities",
         ):
             if not getattr(self, name):
                 raise ValueError(f"the matrix needs at least one of {name}")
@@ -181,6 +188,7 @@ class Matrix:
             self.stresses,
             self.uplinks,
             self.downlinks,
+            self.securities,
             self.models,
             self.protocols,
         )
@@ -199,8 +207,9 @@ class Matrix:
                 clients=self.clients,
                 dataset=self.dataset,
                 rep=rep,
+                security=security,
             )
-            for rep, profile, loss, stress, uplink, downlink, model, protocol in combos
+            for rep, profile, loss, stress, uplink, downlink, security, model, protocol in combos
         ]
 
     def to_config(self) -> dict[str, Any]:

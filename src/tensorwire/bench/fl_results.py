@@ -28,7 +28,7 @@ from tensorwire.bench.fl_matrix import codec_label
 EXPERIMENTS_DIR = "experiments"
 TABLE = "experiments.parquet"
 # The settings that tell experiments apart (the repetition aside).
-DIMENSIONS = ["protocol", "model", "profile", "loss", "stress", "codec", "epochs"]
+DIMENSIONS = ["protocol", "model", "profile", "loss", "stress", "codec", "epochs", "security"]
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -114,6 +114,7 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
         "ratio": exp["ratio"],
         "downlink": exp.get("downlink", "none"),
         "epochs": exp.get("epochs", 1),
+        "security": exp.get("security", "none"),
         "codec": codec_label(exp["uplink"], exp["ratio"], exp.get("downlink", "none")),
         "rep": exp["rep"],
         "clients": exp["clients"],

@@ -306,6 +306,13 @@ def bench_fl_cmd(
             "zstd; lossless, and small after a sparse uplink). Default: none."
         ),
     ] = None,
+    security: Annotated[
+        str | None,
+        typer.Option(
+            help="none, tls (enrolled devices with per-device keys, encrypted traffic: "
+            "tensorwire certs per experiment). Default: none."
+        ),
+    ] = None,
     ratio: Annotated[
         float | None, typer.Option(help="Fraction topk / randomk / dgc keep. Default: 0.01.")
     ] = None,
@@ -355,6 +362,7 @@ def bench_fl_cmd(
             "stresses": tuple(_split(stress)) if stress else None,
             "uplinks": tuple(_split(uplink)) if uplink else None,
             "downlinks": tuple(_split(downlink)) if downlink else None,
+            "securities": tuple(_split(security)) if security else None,
             "ratio": ratio,
             "rounds": rounds,
             "epochs": epochs,
