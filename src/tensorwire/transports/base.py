@@ -611,13 +611,29 @@ class Hub(_Endpoint):
         groups: dict[tuple[frozenset[str], int | None], list[str]] = {}
         for c, member in targets.items():
             groups.setdefault((member.decoders, member.max_message_bytes), []).append(c)
+        sends: list[tuple[list[str], EncodedMessage]] = []
         for (decoders, max_bytes), members in groups.items():
             try:
-                enc = self._encode_for(tensors, meta, decoders, peer_max_bytes=max_bytes)
+                sends.append(
+                    (members, self._encode_for(tensors, meta, decoders, peer_max_bytes=max_bytes))
+                )
             except MessageTooLarge as exc:
                 out.failed.update(dict.fromkeys(members, exc))
-                continue
-            for c, result in self._send_many(members, enc, deadline).items():
+        results: list[dict[str, float | Exception]] = [{} for _ in sends]
+
+        def send_group(i: int) -> None:
+            results[i] = self._send_many(sends[i][0], sends[i][1], deadline)
+
+        # groups go at once: a hung client in one must not hold up the next past the deadline
+        extra = [threading.Thread(target=send_group, args=(i,)) for i in range(1, len(sends))]
+        for t in extra:
+            t.start()
+        if sends:
+            send_group(0)
+        for t in extra:
+            t.join()
+        for (_, enc), group in zip(sends, results, strict=True):
+            for c, result in group.items():
                 if isinstance(result, Exception):
                     out.failed[c] = result
                 else:
