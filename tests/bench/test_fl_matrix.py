@@ -99,3 +99,13 @@ def test_bad_settings_fail_when_the_matrix_is_made(field, value, error):
     settings = {"protocol": "tcp", field: value}
     with pytest.raises(error):
         Experiment(**settings)
+
+
+def test_the_security_axis_names_secured_experiments_and_checks_its_values():
+    from tensorwire.bench.fl_matrix import Experiment, Matrix
+
+    matrix = Matrix(protocols=("tcp",), securities=("none", "tls"))
+    keys = [e.key for e in matrix.experiments()]
+    assert len(keys) == 2 and "sec-tls" in keys[1] and "sec-" not in keys[0]
+    with pytest.raises(ValueError, match="security"):
+        Experiment(protocol="tcp", security="ssh")

@@ -224,3 +224,15 @@ def test_the_certs_command_files_work_from_a_url(tmp_path, scheme, scheme_module
             hub.wait_for(1, timeout=T)
             _round_trip(hub, ch, 2)
     assert Path(e.keys).stat().st_mode & 0o077 == 0
+
+
+def test_a_hub_without_credentials_says_once_that_it_admits_anyone(make_hub, connect, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="tensorwire"):
+        hub = make_hub()
+        connect(hub.url, client_id="a")
+        connect(hub.url, client_id="b")
+        hub.wait_for(2, timeout=T)
+    said = [r for r in caplog.records if "accepts ANYONE" in r.getMessage()]
+    assert len(said) == 1
