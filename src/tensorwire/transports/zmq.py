@@ -44,12 +44,25 @@ its ``DISCONNECTED`` found the ROUTER empty: what it sent just before closing is
 first. A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a time:
 a thread that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a
 socketpair, so a channel used from one thread pays no hand-off either.
+
+Security. With ``tls=`` (or ``curve=``) the connection is encrypted with ZeroMQ's CURVE: the
+hub's key pair comes from ``curve=`` (default ``hub.curve`` beside ``tls.cert``), a client
+knows the hub's public key (default ``hub.curve.pub`` beside ``tls.ca``) and uses a fresh key
+pair of its own per connection. ZeroMQ has no X.509, so identity is the hello's proof of the
+device's enrolled secret (``auth=`` keys on the hub, ``key=`` on the client); a hub told to
+check client certificates (``ca=``) without keys is refused at ``serve``, since it could not.
+The socket monitors report failed handshakes: mismatched encryption is an
+:class:`AuthenticationError` on the client, at once, and a ``refused`` event on the hub. A
+message that does not open after the handshake (altered on the way) makes libzmq stop reading
+the connection without closing it: the channel treats it as lost; the hub cannot tell which
+connection it was, and its heartbeats close it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -57,13 +70,16 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
+    AuthenticationError,
     BadMagic,
     PeerGone,
     SessionRefused,
@@ -75,11 +91,13 @@ from tensorwire.errors import (
 from tensorwire.transports.base import (
     Channel,
     Hub,
+    _log_limited,
     deadline_after,
     default_client_id,
     dial,
     remaining,
 )
+from tensorwire.transports.security import TLS, KeyAuthenticator
 from tensorwire.transports.session import (
     HELLO_LIMITS,
     Closed,
@@ -89,7 +107,7 @@ from tensorwire.transports.session import (
     Welcomed,
     bye,
 )
-from tensorwire.transports.url import host_port
+from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.zmq")
@@ -106,6 +124,149 @@ FULL_WAIT_S = (0.0002, 0.002)  # first and longest wait between tries of a full 
 HEARTBEAT_IVL_MS = 5_000  # ZMTP pings find connections whose peer vanished without a FIN
 HEARTBEAT_TIMEOUT_MS = 30_000
 READ_BATCH = 64  # ZeroMQ messages the hub reads per hold of the ROUTER lock
+HANDSHAKE_RESETS = 3  # handshakes a hub closed in one dial: its encryption does not match
+URL_OPTIONS = ("curve",)  # beside the security options serve/connect take out of every URL
+CURVE_KEY_CHARS = 40  # a CURVE key (32 bytes) in Z85
+KEY_FILE_BYTES = 1024  # read of a key file: two keys and their line ends fit many times
+# What a socket monitor reports: a connection closed, or its ZMTP handshake failed.
+_MONITOR_EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)  # CURVE on one side only
+_CRYPTOGRAPHIC = int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)  # a box that does not open
+_PROTOCOL_ERRORS = {
+    int(getattr(zmq, n)): n.removeprefix("PROTOCOL_ERROR_")
+    for n in dir(zmq)
+    if n.startswith("PROTOCOL_ERROR_")
+}
+
+
+def _protocol_error(code: int) -> str:
+    """libzmq's name of a protocol error a monitor reported."""
+    return f"ZMTP protocol error {_PROTOCOL_ERRORS.get(code, hex(code))}"
+
+
+_CURVE_HINT = (
+    "connect with curve=FILE (the hub's public key: hub.curve.pub from tensorwire certs) or "
+    "tls=TLS(ca=...) with hub.curve.pub beside the CA"
+)
+
+
+# -- CURVE keys ------------------------------------------------------------------------------
+
+
+def _key_lines(path: Path, what: str) -> list[str]:
+    """The non-empty lines of a key file. Errors name the file, never its contents."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(KEY_FILE_BYTES)
+    except OSError as exc:
+        raise TransportError(f"cannot read {what} from {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise TransportError(f"{path} is not a CURVE key file (Z85 keys, one per line)") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _z85_key(text: str, where: str) -> bytes:
+    """``text`` as a Z85 CURVE key; ``TransportError`` naming ``where`` if it is not one."""
+    key = text.encode()
+    try:
+        valid = len(key) == CURVE_KEY_CHARS and len(z85.decode(key)) == 32
+    except (KeyError, ValueError):  # a character outside Z85's alphabet, a wrong length
+        valid = False
+    if not valid:
+        raise TransportError(f"{where} is not a CURVE key ({CURVE_KEY_CHARS} Z85 characters)")
+    return key
+
+
+def _one_curve_option(
+    url: str, curve: str | os.PathLike[str] | None
+) -> str | os.PathLike[str] | None:
+    """The CURVE key file ``curve=`` names, as an argument or as the URL's ``?curve=`` (both
+    only if they agree); ``TransportError`` for any other URL option."""
+    option = query_options(url, URL_OPTIONS).get("curve")
+    if option == "":
+        raise TransportError(f"{url!r}: curve= names no file")
+    if option is not None and curve is not None and Path(option) != Path(curve):
+        raise TransportError(f"{url!r}: curve= in the URL and as an argument differ")
+    return curve if curve is not None else option
+
+
+def _check_curve_available() -> None:
+    if not zmq.has("curve"):
+        raise TransportError(
+            "this libzmq was built without CURVE, so zmq+tcp:// cannot encrypt: install a "
+            "pyzmq wheel (it bundles libzmq with libsodium)"
+        )
+
+
+def _hub_curve_keys(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
+    """The hub's CURVE ``(public, secret)`` key pair (Z85) from a file as ``tensorwire certs``
+    writes ``hub.curve``: the public key, then the secret key, one per line."""
+    p = Path(path)
+    lines = _key_lines(p, "the hub's CURVE key pair")
+    if len(lines) < 2:
+        raise TransportError(
+            f"{p} holds no CURVE key pair: expected the public key, then the secret key, one "
+            "per line (tensorwire certs writes hub.curve)"
+        )
+    public = _z85_key(lines[0], f"line 1 of {p}")
+    secret = _z85_key(lines[1], f"line 2 of {p}")
+    if zmq.curve_public(secret) != public:
+        raise TransportError(f"{p}: the public key on line 1 is not that of the secret key")
+    return public, secret
+
+
+def _hub_public_key(path: str | os.PathLike[str]) -> bytes:
+    """The hub's CURVE public key (Z85): the first line of ``path`` (``hub.curve.pub``, or
+    ``hub.curve``)."""
+    p = Path(path)
+    lines = _key_lines(p, "the hub's CURVE public key")
+    if not lines:
+        raise TransportError(f"{p} is empty: expected the hub's CURVE public key")
+    return _z85_key(lines[0], f"line 1 of {p}")
+
+
+def _hub_curve_file(curve: str | os.PathLike[str] | None, tls: TLS | None) -> Path:
+    """The file of the hub's CURVE key pair: ``curve``, else ``hub.curve`` beside the TLS
+    certificate."""
+    if curve is not None:
+        return Path(curve)
+    if tls is None or tls.cert is None:
+        raise TransportError(
+            "a zmq+tcp:// hub encrypts with CURVE: name its key pair with curve=FILE "
+            "(tensorwire certs writes hub.curve), or give tls=TLS(cert=...) with hub.curve "
+            "beside the certificate"
+        )
+    return Path(tls.cert).parent / "hub.curve"
+
+
+def _client_curve_file(curve: str | os.PathLike[str] | None, tls: TLS | None) -> Path:
+    """The file whose first line is the hub's CURVE public key: ``curve``, else
+    ``hub.curve.pub`` beside the TLS CA, else ``hub.curve`` there."""
+    if curve is not None:
+        return Path(curve)
+    if tls is None or tls.ca is None:
+        raise TransportError(
+            "a zmq+tcp:// channel encrypts with CURVE and needs the hub's public key: "
+            "curve=FILE (tensorwire certs writes hub.curve.pub), or tls=TLS(ca=...) with "
+            "hub.curve.pub beside the CA"
+        )
+    directory = Path(tls.ca).parent
+    public, pair = directory / "hub.curve.pub", directory / "hub.curve"
+    if public.is_file() or not pair.is_file():
+        return public
+    # It works, but a device that holds hub.curve holds the hub's secret key too.
+    _log_limited(
+        f"zmq curve {pair}",
+        f"zmq: reading the hub's public key from {pair}, which also holds the hub's SECRET "
+        "key: give devices hub.curve.pub only (tensorwire certs writes it)",
+    )
+    return pair
 
 
 def _endpoint(host: str, port: int | str) -> str:
@@ -365,21 +526,36 @@ def _wait_for_room(pending: list[_Outbound], nap: float, left: float | None) -> 
 class ZmqHub(Hub):
     """Hub on ``zmq+tcp://host:port`` (port 0 picks a free one; see :attr:`url`).
 
+    With ``tls=`` or ``curve=`` (a file: the hub's CURVE public key, then its secret key, one
+    per line; default ``hub.curve`` beside ``tls.cert``; also the URL option ``?curve=``)
+    every connection is encrypted with CURVE. Clients are identified by ``auth=`` (their
+    enrolled secrets); ``tls.ca`` without them is refused (CURVE cannot check certificates).
+
     ``on_join`` / ``on_leave`` run on the hub's reader thread: while they run no message is
     read, so keep them short (sending from them is fine).
     """
 
     protocol = "zmq"
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(
+        self, url: str, *, curve: str | os.PathLike[str] | None = None, **options: Any
+    ) -> None:
         super().__init__(**options)
+        curve = _one_curve_option(url, curve)
         host, port = host_port(url, default_port=0)
+        self._curve = self.tls is not None or curve is not None
+        keys = self._curve_keys(curve) if self._curve else None
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         _configure(self._router, host)
         self._router.router_mandatory = 1  # a send to a gone client raises, a full queue EAGAIN
         self._router.router_handover = 0  # a routing id in use is never given to another peer
-        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        if keys is not None:
+            # No ZAP handler: any client key completes the handshake; the hello's proof of
+            # the device's secret is what admits it.
+            self._router.curve_server = 1
+            self._router.curve_publickey, self._router.curve_secretkey = keys
+        self._monitor = self._router.get_monitor_socket(_MONITOR_EVENTS)
         try:
             self._router.bind(_endpoint(host, port or "*"))
         except zmq.ZMQError as exc:
@@ -397,6 +573,23 @@ class ZmqHub(Hub):
         self._wake_r, self._wake_w = _waker()
         self._io = threading.Thread(target=self._run, name="tensorwire-zmq-hub", daemon=True)
         self._io.start()
+
+    def _curve_keys(self, curve: str | os.PathLike[str] | None) -> tuple[bytes, bytes]:
+        """The CURVE key pair, after checking that the credentials asked for can be checked."""
+        _check_curve_available()
+        auth = self.authenticate
+        if self.tls is not None and self.tls.ca is not None:
+            if auth is None or (isinstance(auth, KeyAuthenticator) and auth.keys is None):
+                raise TransportError(
+                    "zmq+tcp:// cannot check client certificates (CURVE has no X.509), so a "
+                    "hub with ca= and no enrolled keys would admit anyone: identify devices by "
+                    "their secrets with auth=keys.json (tensorwire certs writes it), or drop ca="
+                )
+            log.info(
+                "zmq: client certificates are not checked over CURVE (ca= is unused): devices "
+                "are identified by their enrolled secrets"
+            )
+        return _hub_curve_keys(_hub_curve_file(curve, self.tls))
 
     # -- the reader thread -------------------------------------------------------------
 
@@ -445,7 +638,8 @@ class ZmqHub(Hub):
             _wake(self._wake_w)
 
     def _read_monitor(self) -> None:
-        """Note connections that closed; called before every hello is accepted.
+        """Note connections that closed; called before every hello is accepted. Handshakes
+        that failed are refusals.
 
         Their clients stay members until :meth:`_forget_closed`: messages they sent before
         closing may still be queued on the ROUTER.
@@ -455,11 +649,36 @@ class ZmqHub(Hub):
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                error = self._handshake_error(event["event"], event["value"])
+                self._refused(f"a peer of {self.url}", error)
+                continue
             fd = int(event["value"])
             ident = self._on_fd.pop(fd, None)  # now, as a new connection may reuse the fd
             peer = None if ident is None else self._peers.get(ident)
             if peer is not None and peer.fd == fd:
                 self._closing.append(peer)
+
+    def _handshake_error(self, event: int, code: int) -> TransportError:
+        """Why a peer's ZMTP handshake failed (``code``: libzmq's protocol error or errno)."""
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            # What a client does when it finds out first that the encryption does not match
+            # (and what a TCP probe does).
+            return TransportError(
+                "it closed the connection during the ZMTP handshake (a client "
+                + ("without CURVE encryption?)" if self._curve else "expecting CURVE?)")
+            )
+        if code == _MECHANISM_MISMATCH and self._curve:
+            return AuthenticationError("it connected without CURVE encryption")
+        if code == _MECHANISM_MISMATCH:
+            return AuthenticationError("it asked for encryption; this hub has no CURVE keys")
+        if code == _CRYPTOGRAPHIC:
+            # libzmq then stops reading that connection; ZMTP heartbeats close it.
+            return AuthenticationError(
+                "a CURVE box it sent did not open: it does not know this hub's public key, or "
+                "its traffic was altered on the way"
+            )
+        return TransportError(f"{_protocol_error(code)} on its connection")
 
     def _forget_closed(self, n: int) -> None:
         """The first ``n`` closed connections' clients leave, unless they said goodbye or
@@ -701,7 +920,14 @@ class ZmqHub(Hub):
 
 
 class ZmqChannel(Channel):
-    """A client's DEALER connected to a :class:`ZmqHub`; waits up to ``timeout`` seconds for it."""
+    """A client's DEALER connected to a :class:`ZmqHub`; waits up to ``timeout`` seconds for it.
+
+    With ``tls=`` or ``curve=`` (a file whose first line is the hub's CURVE public key;
+    default ``hub.curve.pub`` beside ``tls.ca``, else ``hub.curve`` there; also the URL option
+    ``?curve=``) the connection is encrypted with CURVE, under a fresh client key pair per
+    connection. ``key=`` is this device's enrolled secret (bytes, hex, or a file of hex),
+    proven in the hello; ``tls.cert`` is not used (CURVE has no certificates).
+    """
 
     protocol = "zmq"
 
@@ -714,22 +940,37 @@ class ZmqChannel(Channel):
         checksum: bool = True,
         limits: Limits = Limits(),
         timeout: float = 30.0,
+        tls: TLS | None = None,
+        key: Any = None,
+        curve: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
+        curve = _one_curve_option(url, curve)
         self.url = url
         self.client_id = client_id or default_client_id()
         self._host, self._port = host_port(url)
+        self._credentials(tls, key)
+        self._hub_key: bytes | None = None  # the hub's CURVE public key (Z85): encrypt
+        self._curve_file: Path | None = None
+        if tls is not None or curve is not None:
+            _check_curve_available()
+            self._curve_file = _client_curve_file(curve, tls)
+            self._hub_key = _hub_public_key(self._curve_file)
         self._cv = threading.Condition()
         self._busy = False  # a thread is using the sockets
         self._waiting = 0  # threads that want them
         self._pending: deque[Message | WireError] = deque()
         self._closed = True
+        self._refusal: TransportError | None = None  # why this connection's handshake failed
+        self._welcomed = False  # this connection's session is open
+        self._handshake_resets = 0  # handshakes the hub closed in this reconnect's attempts
         self.reconnect(timeout)
 
     def reconnect(self, timeout: float = 30.0) -> None:
         """(Re)connect to the hub and say hello with the same client id, in a new session."""
         if not self._closed:
             self._drop()
+        self._handshake_resets = 0
         welcome = dial(self._open, what=f"the hub at {self.url}", timeout=timeout)
         self.hub_decoders = welcome.decoders
         self.hub_max_bytes = welcome.max_message_bytes
@@ -754,6 +995,7 @@ class ZmqChannel(Channel):
             self._drop()
             raise
         self._session = session
+        self._welcomed = True
         return welcome
 
     def _start(self, routing_id: bytes) -> None:
@@ -764,14 +1006,21 @@ class ZmqChannel(Channel):
             _configure(self._dealer, self._host)
             self._dealer.routing_id = routing_id
             self._dealer.immediate = 1  # nothing queued for a connection that is not up
-            self._monitor = self._dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            if self._hub_key is not None:
+                # A fresh key pair: the hub admits a device by its hello's proof, not its key.
+                public, secret = zmq.curve_keypair()
+                self._dealer.curve_serverkey = self._hub_key
+                self._dealer.curve_publickey = public
+                self._dealer.curve_secretkey = secret
+            self._monitor = self._dealer.get_monitor_socket(_MONITOR_EVENTS)
             self._wake_r, self._wake_w = _waker()
             self._poller = zmq.Poller()
             for sock in (self._dealer, self._monitor, self._wake_r):
                 self._poller.register(sock, zmq.POLLIN)
             self._reader = _Reassembler(self.limits)
             self._pending.clear()
-            self._closed = self._lost = False
+            self._closed = self._lost = self._welcomed = False
+            self._refusal = None
             try:
                 self._dealer.connect(_endpoint(self._host, self._port))
             except zmq.ZMQError as exc:
@@ -811,6 +1060,8 @@ class ZmqChannel(Channel):
     def _check_usable(self) -> None:
         if self._closed:
             raise PeerGone("channel is closed; call reconnect()")
+        if self._refusal is not None:  # before _lost: the connection closed because of it
+            raise self._refusal
         if self._lost:
             raise PeerGone(f"lost the connection to the hub at {self.url}; call reconnect()")
 
@@ -822,6 +1073,58 @@ class ZmqChannel(Channel):
                 return
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
+            elif self._welcomed and not self._lost:
+                # A CURVE message that does not open (altered on the way): libzmq reports it
+                # but then stops reading the connection without closing it.
+                log.warning(
+                    "zmq: the connection to the hub at %s is lost: a message failed ZMTP's "
+                    "checks (%s; with CURVE: altered on the way?)",
+                    self.url,
+                    _protocol_error(event["value"]),
+                )
+                self._lost = True
+            elif not self._lost:  # libzmq's own reconnects after a loss do not matter
+                self._refusal = self._refusal or self._handshake_error(
+                    event["event"], event["value"]
+                )
+
+    def _handshake_error(self, event: int, code: int) -> TransportError:
+        """What a failed ZMTP handshake means: :class:`AuthenticationError` (final: ``dial``
+        does not retry it) when the two sides' encryption does not match, else a
+        ``TransportError`` that ``dial`` retries."""
+        where = f"the hub at {self.url}"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if code == _MECHANISM_MISMATCH and self._hub_key is not None:
+                return AuthenticationError(
+                    f"{where} does not encrypt (no CURVE), and this channel does not talk in "
+                    "clear: serve it with tls= and its CURVE keys, or connect without tls=/curve="
+                )
+            if code == _MECHANISM_MISMATCH:
+                return AuthenticationError(f"{where} requires CURVE encryption: {_CURVE_HINT}")
+            if code == _CRYPTOGRAPHIC:
+                return AuthenticationError(
+                    f"{where} failed the CURVE handshake: it does not hold the secret key of "
+                    f"the public key in {self._curve_file}"
+                )
+            return TransportError(f"the handshake with {where} failed: {_protocol_error(code)}")
+        # The hub closed the connection during the handshake. A CURVE hub does so when our
+        # hello box does not open (the wrong public key), and on a client without CURVE; a hub
+        # without CURVE on a CURVE client. If the close reset the connection before the hub's
+        # greeting was read, libzmq cannot say which; a hub whose encryption matches never
+        # closes a handshake, so a few in a row tell.
+        self._handshake_resets += 1
+        n = self._handshake_resets
+        error = AuthenticationError if n >= HANDSHAKE_RESETS else TransportError
+        if self._hub_key is not None:
+            return error(
+                f"{where} ended the CURVE handshake {n} time(s): its key is not the public key "
+                f"in {self._curve_file} (the wrong hub, or a stale key file?), or it does not "
+                "encrypt"
+            )
+        return error(
+            f"{where} closed the connection during the ZMTP handshake {n} time(s): it "
+            f"requires CURVE encryption, most likely ({_CURVE_HINT})"
+        )
 
     # -- sending -----------------------------------------------------------------------
 

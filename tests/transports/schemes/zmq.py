@@ -125,3 +125,38 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
         for s in socks:
             s.close(linger=0)
         ctx.term()
+
+
+def hub_security(enrolment) -> dict:
+    """CURVE (the key pair in ``hub.curve`` beside the hub's certificate) and enrolled keys:
+    ZeroMQ has no X.509, so a hub here checks no client certificate (``ca=`` is refused
+    without keys)."""
+    import tensorwire
+
+    return {
+        "tls": tensorwire.TLS(cert=enrolment.hub_cert, key=enrolment.hub_key),
+        "auth": tensorwire.Keys.load(enrolment.keys),
+    }
+
+
+def client_security(enrolment, client_id: str) -> dict:
+    """CURVE to the hub's public key (``hub.curve.pub`` beside the CA) and the device's
+    secret; a fresh CURVE key pair per connection."""
+    import tensorwire
+
+    return {
+        "tls": tensorwire.TLS(ca=enrolment.ca),
+        "key": enrolment.devices[client_id]["secret"],
+    }
+
+
+def proxy_target(hub_url: str) -> tuple[str, int]:
+    """Where a recording proxy forwards a client's connection to: the hub's port."""
+    from tensorwire.transports.url import host_port
+
+    return host_port(hub_url)
+
+
+def proxied_url(hub_url: str, port: int) -> str:
+    """The hub's URL as reached through a proxy on 127.0.0.1:``port``."""
+    return f"zmq+tcp://127.0.0.1:{port}"
