@@ -16,7 +16,13 @@ import pyarrow.flight as flight
 import pytest
 
 import tensorwire
-from tensorwire.errors import AuthenticationError, PeerGone, TransportTimeout, WireError
+from tensorwire.errors import (
+    AuthenticationError,
+    PeerGone,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
 from tensorwire.transports import flight as tw_flight
 from tensorwire.transports.session import ClientSession
 from tensorwire.transports.url import host_port
@@ -325,3 +331,160 @@ def test_channel_waits_for_a_hub_that_starts_later():
         hub.send("early", {"v": np.arange(3)})
         t.join(T)
     assert np.array_equal(result["msg"]["v"], np.arange(3))
+
+
+# -- security ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.certs import make_certs
+
+    return make_certs(
+        tmp_path_factory.mktemp("certs"), hosts=["127.0.0.1"], clients=["dev1", "dev2"]
+    )
+
+
+def _device_tls(certs, cid: str, **overrides) -> tensorwire.TLS:
+    files = certs.devices[cid]
+    return tensorwire.TLS(
+        **{"cert": files["cert"], "key": files["key"], "ca": certs.ca, **overrides}
+    )
+
+
+def test_a_tls_hub_serves_no_plaintext(certs):
+    with tensorwire.serve(
+        "flight://127.0.0.1:0", tls=tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key)
+    ) as hub:
+        with pytest.raises(TransportTimeout):
+            tensorwire.connect(hub.url, client_id="plain", timeout=1)
+        raw = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
+        with pytest.raises(flight.FlightUnavailableError):  # at the call, or its first read
+            _, reader = raw.do_exchange(flight.FlightDescriptor.for_command(b"x"))
+            reader.read_chunk()
+        raw.close()
+        with tensorwire.connect(hub.url, client_id="c", tls=tensorwire.TLS(ca=certs.ca)) as ch:
+            hub.wait_for(1, timeout=T)
+            hub.send("c", {"v": np.arange(3)})
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
+        assert hub.authenticate is None  # TLS alone (no CA, no keys) checks no client
+
+
+def test_mutual_tls_alone_checks_the_certificate_name(certs):
+    tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+    with tensorwire.serve("flight://127.0.0.1:0", tls=tls) as hub:
+        with pytest.raises(AuthenticationError, match="certificate is for 'dev2'"):
+            tensorwire.connect(hub.url, client_id="dev1", tls=_device_tls(certs, "dev2"))
+        with tensorwire.connect(hub.url, client_id="dev1", tls=_device_tls(certs, "dev1")):
+            hub.wait_for(1, timeout=T)
+        with pytest.raises(TransportTimeout):  # no client certificate: gRPC refuses the TLS
+            tensorwire.connect(
+                hub.url, client_id="dev1", tls=tensorwire.TLS(ca=certs.ca), timeout=1
+            )
+
+
+def test_a_hub_certificate_that_does_not_verify_is_final(certs, tmp_path):
+    from tensorwire.transports.certs import make_certs
+
+    other = make_certs(tmp_path, hosts=["127.0.0.1"], clients=["dev1"])
+    tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key)
+    with tensorwire.serve("flight://127.0.0.1:0", tls=tls) as hub:
+        t = time.monotonic()
+        with pytest.raises(AuthenticationError, match="failed on a certificate"):
+            tensorwire.connect(hub.url, client_id="c", tls=tensorwire.TLS(ca=other.ca), timeout=T)
+        with pytest.raises(AuthenticationError, match="failed on a certificate"):
+            tensorwire.connect(
+                hub.url,
+                client_id="c",
+                tls=tensorwire.TLS(ca=certs.ca, server_name="elsewhere"),
+                timeout=T,
+            )
+        assert time.monotonic() - t < T / 2  # refused, not retried until the timeout
+        assert hub.clients == []
+
+
+def test_an_uplink_from_another_certificate_does_not_attach(certs, monkeypatch):
+    monkeypatch.setattr(tw_flight, "HANDSHAKE_TIMEOUT", 0.5)
+    tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+    with tensorwire.serve("flight://127.0.0.1:0", tls=tls) as hub:
+        location = flight.Location.for_grpc_tls(*host_port(hub.url))
+
+        def client(cid: str) -> flight.FlightClient:
+            files = certs.devices[cid]
+            return flight.FlightClient(
+                location,
+                tls_root_certs=certs.ca.read_bytes(),
+                cert_chain=files["cert"].read_bytes(),
+                private_key=files["key"].read_bytes(),
+            )
+
+        owner, thief = client("dev1"), client("dev2")
+        session = ClientSession("dev1", decoders=[], max_message_bytes=1 << 20)
+        down_writer, down = owner.do_exchange(
+            flight.FlightDescriptor.for_command(session.hello().to_bytes())
+        )
+        down_writer.done_writing()
+        up, _ = thief.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, session.session))
+        with contextlib.suppress(pa.ArrowException):
+            up.begin(tw_flight.SCHEMA)
+        with pytest.raises(StopIteration):
+            while True:  # the schema, then the end: no welcome
+                assert down.read_chunk().app_metadata is None
+        assert _until(lambda: any("no opening session" in e.reason for e in hub.events))
+        assert hub.clients == []
+        for c in (owner, thief):
+            c.close()
+
+
+def test_tls_files_are_checked_at_once(certs, tmp_path):
+    with pytest.raises(TransportError, match="cert= and key="):
+        tensorwire.serve("flight://127.0.0.1:0", tls=tensorwire.TLS(ca=certs.ca))
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    with pytest.raises(OSError):
+        tensorwire.connect("flight://127.0.0.1:1", client_id="c", tls=tensorwire.TLS(ca=bad))
+
+
+def test_unknown_url_options_raise(hub):
+    with pytest.raises(TransportError, match="unknown option"):
+        tensorwire.serve("flight://127.0.0.1:0?compress=1")
+    with pytest.raises(TransportError, match="unknown option"):
+        tensorwire.connect(f"{hub.url}?compress=1", client_id="c")
+
+
+def test_a_client_certificate_that_names_no_one_is_refused(certs, tmp_path):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ca_key = serialization.load_pem_private_key((certs.directory / "ca.key").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate(certs.ca.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))  # signed by the CA, but no common name nor SAN
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    (tmp_path / "anon.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "anon.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+    with tensorwire.serve("flight://127.0.0.1:0", tls=tls) as hub:
+        anon = tensorwire.TLS(cert=tmp_path / "anon.pem", key=tmp_path / "anon.key", ca=certs.ca)
+        with pytest.raises(AuthenticationError, match="names no one"):
+            tensorwire.connect(hub.url, client_id="dev1", tls=anon, timeout=T)
+        assert hub.clients == []

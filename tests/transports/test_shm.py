@@ -452,3 +452,42 @@ def test_processes_of_other_users_are_refused(hub):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "refused" and hub.clients == []
     assert any("not of this user" in e.reason for e in hub.events if e.kind == "refused")
+
+
+# -- security ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"), hosts=["127.0.0.1"], clients=["dev1"])
+
+
+def test_keys_admit_and_tls_is_accepted_but_not_used(certs, connect):
+    tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+    with tensorwire.serve(_url(), tls=tls, auth=tensorwire.Keys.load(certs.keys)) as hub:
+        secret = certs.devices["dev1"]["secret"]
+        ch = connect(hub.url, client_id="dev1", key=secret)  # no certificate: none is checked
+        hub.wait_for(1, timeout=T)
+        hub.send("dev1", {"x": BIG})
+        assert np.array_equal(ch.recv(timeout=T)["x"], BIG)
+        with pytest.raises(AuthenticationError, match="sent no proof"):
+            connect(hub.url, client_id="dev1", tls=tensorwire.TLS(ca=certs.ca), timeout=T)
+        assert hub.clients == ["dev1"]
+
+
+def test_a_hub_asked_for_client_certificates_without_keys_refuses_to_start(certs):
+    tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+    with pytest.raises(TransportError, match="cannot check client certificates"):
+        tensorwire.serve(_url(), tls=tls)
+    with tensorwire.serve(_url(), tls=tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key)):
+        pass  # encryption alone asks for nothing shm:// lacks: no TLS, nothing leaves the host
+
+
+def test_unknown_url_options_raise(hub):
+    with pytest.raises(TransportError, match="unknown option"):
+        tensorwire.serve(f"{_url()}?mode=fast")
+    with pytest.raises(TransportError, match="unknown option"):
+        tensorwire.connect(f"{hub.url}?mode=fast", client_id="c")

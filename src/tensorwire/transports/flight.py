@@ -28,6 +28,12 @@ joined. No batch holds more than ``batch_bytes`` (4 MiB), far under gRPC's 2 GiB
 message, so any message size goes. The receiver feeds each value (a view of the received
 Arrow buffer) to a :class:`~tensorwire.wire.MessageStream`, which copies the tensor bytes
 once, straight into the output arrays (``recv(out=...)``).
+
+With ``tls=tensorwire.TLS(...)`` (or the URL options ``?tls=1``, ``?ca=`` ...) both calls run
+over gRPC's TLS (``grpc+tls``), mutual when the hub's settings name a CA; the hub then takes
+the client certificate's name from gRPC (``ServerCallContext.peer_identity()``) and checks it
+against the hello's client id. ``key=`` / ``auth=`` add the session's secret proof
+(``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import pyarrow.flight as flight
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
+    AuthenticationError,
     PeerGone,
     SessionRefused,
     TransportError,
@@ -62,6 +69,7 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
+from tensorwire.transports.security import TLS
 from tensorwire.transports.session import (
     HELLO_LIMITS,
     ClientSession,
@@ -71,7 +79,7 @@ from tensorwire.transports.session import (
     HubSession,
     bye,
 )
-from tensorwire.transports.url import host_port
+from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import (
     NEED_DATA,
     EncodedMessage,
@@ -171,6 +179,70 @@ def _who(context: flight.ServerCallContext) -> str:
     return context.peer().rpartition(":")[0] or context.peer()
 
 
+def _tls_name(context: flight.ServerCallContext) -> str | None:
+    """The name on the caller's verified TLS certificate (gRPC's peer identity: its first
+    subject alternative name if it has any, else its common name), or None without one."""
+    name = context.peer_identity()
+    return name.decode("utf-8", "replace") if name else None
+
+
+def _pem(path: Any) -> bytes:
+    """The bytes of a PEM file a :class:`TLS` names (gRPC takes them, not paths)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise TransportError(f"cannot read the TLS file {path}: {exc}") from None
+
+
+def _server_tls(tls: TLS) -> dict[str, Any]:
+    """``FlightServerBase`` arguments for a hub with ``tls``: its certificate, and the CA
+    whose client certificates it requires (mutual TLS) when ``tls.ca`` is set."""
+    tls.server_context()  # no cert= or key=, or files ssl cannot load: said here, clearly
+    ca = None if tls.ca is None else _pem(tls.ca)
+    return {
+        "tls_certificates": [flight.CertKeyPair(_pem(tls.cert), _pem(tls.key))],
+        "verify_client": ca is not None,
+        "root_certificates": ca,
+    }
+
+
+def _client_tls(tls: TLS) -> dict[str, Any]:
+    """``FlightClient`` arguments for a channel with ``tls``: the CA that signs the hub's
+    certificate (None: the system's), the name it must carry, this client's own certificate."""
+    # gRPC would report a bad file only when it connects, as an unreachable hub, which the
+    # channel retries until its timeout: ssl loads them once here and says what is wrong.
+    tls.client_context()
+    options: dict[str, Any] = {"override_hostname": tls.server_name}
+    if tls.ca is not None:
+        options["tls_root_certs"] = _pem(tls.ca)
+    if tls.cert is not None and tls.key is not None:
+        options["cert_chain"] = _pem(tls.cert)
+        options["private_key"] = _pem(tls.key)
+    return options
+
+
+def _unreachable(url: str, exc: Exception) -> TransportError:
+    """What a channel raises when gRPC found no hub at ``url``: :class:`AuthenticationError`
+    (final) when TLS failed on a certificate (the hub's does not verify, or it refused ours),
+    else a ``TransportError`` worth retrying."""
+    text = str(exc)
+    # gRPC reports TLS failures only as text: "Ssl handshake failed ...: certificate verify
+    # failed" (or "... signature failure", "... bad certificate"), "Peer name X is not in
+    # peer certificate"
+    if "is not in peer certificate" in text or (
+        "handshake failed" in text and "certificate" in text
+    ):
+        return AuthenticationError(f"TLS with the hub at {url} failed on a certificate: {text}")
+    return TransportError(f"no hub answers at {url}: {text}")
+
+
+def _location(host: str, port: int, tls: TLS | None) -> flight.Location:
+    if tls is None:
+        return flight.Location.for_grpc_tcp(host, port)
+    return flight.Location.for_grpc_tls(host, port)
+
+
 # --- hub ---------------------------------------------------------------------------------
 
 
@@ -193,6 +265,7 @@ class _Peer:
 
     hello: Hello
     session: HubSession
+    tls_name: str | None  # its downlink's certificate name: its uplink must carry the same
     jobs: queue.SimpleQueue[_Job | None] = field(default_factory=queue.SimpleQueue)
     lock: threading.Lock = field(default_factory=threading.Lock)
     attached: bool = False  # its uplink arrived (guarded by the hub's session lock)
@@ -219,8 +292,8 @@ class _Peer:
 
 
 class _Server(flight.FlightServerBase):
-    def __init__(self, hub: FlightHub, location: flight.Location) -> None:
-        super().__init__(location)
+    def __init__(self, hub: FlightHub, location: flight.Location, **tls: Any) -> None:
+        super().__init__(location, **tls)
         self._hub = hub
 
     def do_exchange(self, context, descriptor, reader, writer) -> None:
@@ -241,21 +314,24 @@ class _Server(flight.FlightServerBase):
 class FlightHub(Hub):
     """Hub serving Flight on ``flight://host:port`` (port 0 picks a free one; see :attr:`url`).
 
-    ``batch_bytes`` caps the message bytes per record batch (gRPC message) it sends.
+    ``batch_bytes`` caps the message bytes per record batch (gRPC message) it sends. With
+    ``tls=`` it serves gRPC over TLS only (mutual when ``tls.ca`` is set), never plaintext.
     """
 
     protocol = "flight"
 
     def __init__(self, url: str, *, batch_bytes: int = BATCH_BYTES, **options: Any) -> None:
         super().__init__(**options)
+        query_options(url, ())
         host, port = host_port(url, default_port=0)
+        tls = {} if self.tls is None else _server_tls(self.tls)
         self._batch_bytes = batch_bytes
         self._peers: dict[str, _Peer] = {}  # members, by client id
         self._pending: dict[str, _Peer] = {}  # sessions waiting for their uplink, by id
         self._handshakes = 0  # calls waiting for their session's other call
         self._sessions = threading.Condition()  # guards the above and _closing
         self._closing = False
-        self._server = _Server(self, flight.Location.for_grpc_tcp(host, port))
+        self._server = _Server(self, _location(host, port, self.tls), **tls)
         self.url = f"flight://{host}:{self._server.port}"
 
     # -- a session's two calls, each in a Flight server thread -----------------------------
@@ -269,7 +345,7 @@ class FlightHub(Hub):
         """Take the hello, wait for the uplink, then write the client's messages."""
         who = _who(context)
         with self._handshake(who) as admitted:
-            peer = self._open_session(who, command, writer) if admitted else None
+            peer = self._open_session(who, context, command, writer) if admitted else None
             if peer is None:
                 return
             with contextlib.suppress(FLIGHT_ERRORS):  # hung up: the wait below sees it
@@ -294,12 +370,21 @@ class FlightHub(Hub):
                 self._handshakes -= admitted
 
     def _open_session(
-        self, who: str, command: bytes, writer: flight.MetadataRecordBatchWriter
+        self,
+        who: str,
+        context: flight.ServerCallContext,
+        command: bytes,
+        writer: flight.MetadataRecordBatchWriter,
     ) -> _Peer | None:
-        """Check the hello (read under HELLO_LIMITS) and register the session as waiting for
-        its uplink; a refused one is answered ``refuse`` and gives None."""
-        session = HubSession(**self._session_options())
+        """Check the hello (read under HELLO_LIMITS, with the caller's certificate name) and
+        register the session as waiting for its uplink; a refused one is answered ``refuse``
+        and gives None."""
+        tls_name = _tls_name(context)
+        session = HubSession(**self._session_options(), tls_name=tls_name)
         try:
+            if tls_name is None and self.tls is not None and self.tls.mutual:
+                # gRPC verified a certificate with no name: nothing to hold the hello's id to
+                raise AuthenticationError("the client certificate names no one (no CN or SAN)")
             session.receive(_control(command, HELLO_LIMITS))
             hello = session.hello
             assert hello is not None
@@ -308,7 +393,7 @@ class FlightHub(Hub):
                     return None
                 if hello.session in self._pending:
                     raise SessionRefused(f"session id {hello.session!r} is already opening")
-                peer = _Peer(hello, session)
+                peer = _Peer(hello, session, tls_name)
                 self._pending[hello.session] = peer
                 self._sessions.notify_all()
             return peer
@@ -354,10 +439,13 @@ class FlightHub(Hub):
     ) -> None:
         """Attach to the session's downlink, join its client, then deliver its messages."""
         who = _who(context)
+        tls_name = _tls_name(context)
         peer = None
 
         def opening() -> bool:
-            return session in self._pending
+            # under TLS, only the certificate that opened the downlink may open its uplink
+            waiting = self._pending.get(session)
+            return waiting is not None and waiting.tls_name == tls_name
 
         with self._handshake(who) as admitted, self._sessions:
             if admitted and self._wait(context, opening, HANDSHAKE_TIMEOUT):
@@ -637,7 +725,10 @@ class _Session:
 class FlightChannel(Channel):
     """A client's session with a :class:`FlightHub`; retries reaching it for ``timeout`` seconds.
 
-    ``batch_bytes`` caps the message bytes per record batch (gRPC message) it sends.
+    ``batch_bytes`` caps the message bytes per record batch (gRPC message) it sends. ``tls``
+    makes it speak gRPC over TLS (``tls.ca`` verifies the hub; ``tls.cert``/``tls.key`` are
+    its own certificate for mutual TLS); ``key`` is its enrolled secret (bytes, hex, or a
+    file of hex), proven in every hello.
     """
 
     protocol = "flight"
@@ -652,12 +743,17 @@ class FlightChannel(Channel):
         limits: Limits = Limits(),
         timeout: float = 30.0,
         batch_bytes: int = BATCH_BYTES,
+        tls: TLS | None = None,
+        key: Any = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
         self.client_id = client_id or default_client_id()
+        query_options(url, ())
         host, port = host_port(url)
-        self._location = flight.Location.for_grpc_tcp(host, port)
+        self._credentials(tls, key)
+        self._tls_options = {} if tls is None else _client_tls(tls)
+        self._location = _location(host, port, tls)
         self._batch_bytes = batch_bytes
         self._send_lock = threading.RLock()  # the uplink's writer: sends, bye, close
         self._watchdog = _Watchdog(f"tensorwire-flight-deadline-{self.client_id}")
@@ -677,17 +773,15 @@ class FlightChannel(Channel):
     def _open(self, deadline: float | None) -> _Session:
         """One attempt at a session: both calls, then the hub's answer by ``deadline`` (at
         most twice the hub's handshake window). ``OSError`` when it may be worth retrying."""
-        session = ClientSession(
-            self.client_id,
-            decoders=self.decoders,
-            max_message_bytes=self.limits.max_message_bytes,
-            where=f"the hub at {self.url}",
-        )
-        client = flight.FlightClient(self._location)
+        session = self._client_session(f"the hub at {self.url}")
+        client = flight.FlightClient(self._location, **self._tls_options)
         try:
             hello = flight.FlightDescriptor.for_command(session.hello().to_bytes())
             down_writer, down = client.do_exchange(hello)
             up, up_call = client.do_exchange(flight.FlightDescriptor.for_path(*UP, session.session))
+        except flight.FlightUnavailableError as exc:
+            client.close()
+            raise _unreachable(self.url, exc) from None
         except FLIGHT_ERRORS as exc:
             client.close()
             raise TransportError(f"cannot open a session with {self.url}: {exc}") from None
@@ -745,7 +839,7 @@ class FlightChannel(Channel):
         except StopIteration:
             s.inbox.fail(PeerGone(f"{where} ended the session"))
         except flight.FlightUnavailableError as exc:
-            s.inbox.fail(TransportError(f"no hub answers at {self.url}: {exc}"))
+            s.inbox.fail(_unreachable(self.url, exc))
         except FLIGHT_ERRORS as exc:
             s.inbox.fail(PeerGone(f"the session with {where} broke: {exc}"))
         finally:

@@ -31,6 +31,12 @@ segment is released at once).
 Only processes of the same user (or root) may connect, unless ``trust_other_users=True``:
 a peer keeps write access to the segments it sends, which over ``tcp://`` it would not have.
 Linux only (memfd, abstract sockets), and abstract sockets are per network namespace.
+
+Security: nothing leaves the host, so there is nothing to encrypt and ``tls=`` is accepted
+and not used. The peer's uid (``SO_PEERCRED``) is checked on both sides; with ``auth=`` keys
+(hub) and ``key=`` (client) the hello proves the client's enrolled secret and the welcome the
+hub's (``docs/security.md``). A hub asked for client certificates (``tls`` naming a CA) with
+no keys refuses to start: it could not check them, and would admit anyone.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
+from tensorwire.transports.security import TLS
 from tensorwire.transports.session import (
     HELLO_LIMITS,
     ClientSession,
@@ -87,6 +94,7 @@ from tensorwire.transports.session import (
     Welcomed,
     bye,
 )
+from tensorwire.transports.url import query_options
 from tensorwire.wire import EncodedMessage, Limits, Message, decode_message, encode_message
 from tensorwire.wire.pool import size_class
 
@@ -123,7 +131,9 @@ def _address(name: str) -> str:
 
 
 def _name_of(url: str) -> str:
-    """``shm://name`` -> ``name`` (may be empty: the hub then picks one)."""
+    """``shm://name`` -> ``name`` (may be empty: the hub then picks one); ``TransportError``
+    for any URL option (the security options are taken out before, and mean nothing here)."""
+    query_options(url, ())
     scheme, sep, name = url.partition("://")
     if scheme != "shm" or not sep:
         raise TransportError(f"{url!r} is not an shm:// URL; write it as shm://NAME")
@@ -655,7 +665,8 @@ class ShmHub(Hub):
 
     ``max_segments``: big messages one client may hold (keep alive) before sends to it wait;
     ``cache_bytes``: bytes of free segments kept for reuse; ``trust_other_users``: accept
-    processes of other users.
+    processes of other users. ``auth=`` keys admit only enrolled clients; ``tls=`` is not used
+    (nothing leaves the host), and one naming a CA needs ``auth=`` too.
     """
 
     protocol = "shm"
@@ -673,6 +684,9 @@ class ShmHub(Hub):
         _require_linux()
         name = _name_of(url) or f"tw-{uuid.uuid4().hex[:12]}"
         super().__init__(**options)
+        if self.tls is not None:
+            checked = options.get("auth") is not None or options.get("authenticate") is not None
+            _no_tls(self.tls, checked)
         _seed_bandwidth(self.selector)
         self.url = f"shm://{name}"
         self._trust = trust_other_users
@@ -854,10 +868,25 @@ class ShmHub(Hub):
         self._releaser.stop()
 
 
+def _no_tls(tls: TLS, checked: bool) -> None:
+    """Check a hub's ``tls=``, which shm:// does not use: a certificate check it asks for
+    (``tls.ca``) with no other check of clients (``auth=`` keys, an ``authenticate`` hook)
+    to stand in for it would leave the door open."""
+    if tls.ca is not None and not checked:
+        raise TransportError(
+            "shm:// runs no TLS (nothing leaves this host), so it cannot check client "
+            "certificates: give auth= keys (tensorwire certs writes keys.json) to admit only "
+            "enrolled clients"
+        )
+    log.info("shm: tls= is not used: nothing leaves this host; the uid check and keys admit")
+
+
 class ShmChannel(Channel):
     """A client's connection to an :class:`ShmHub`; retries connecting for ``timeout`` seconds.
 
-    ``max_segments``, ``cache_bytes`` and ``trust_other_users`` as for :class:`ShmHub`.
+    ``max_segments``, ``cache_bytes`` and ``trust_other_users`` as for :class:`ShmHub`. ``key``
+    is its enrolled secret (bytes, hex, or a file of hex), proven in every hello; ``tls`` is
+    accepted and not used (nothing leaves the host).
     """
 
     protocol = "shm"
@@ -874,6 +903,8 @@ class ShmChannel(Channel):
         max_segments: int = 8,
         cache_bytes: int = 1 << 30,
         trust_other_users: bool = False,
+        tls: TLS | None = None,
+        key: Any = None,
     ) -> None:
         _require_linux()
         name = _name_of(url)
@@ -883,6 +914,7 @@ class ShmChannel(Channel):
         _seed_bandwidth(self.selector)
         self.url = url
         self.client_id = client_id or default_client_id()
+        self._credentials(tls, key)
         self._address = _address(name)
         self._trust = trust_other_users
         self._max_segments = max_segments
@@ -901,12 +933,7 @@ class ShmChannel(Channel):
         try:
             sock.connect(self._address)
             _check_peer_user(sock, self._trust)
-            session = ClientSession(
-                self.client_id,
-                decoders=self.decoders,
-                max_message_bytes=self.limits.max_message_bytes,
-                where=f"the hub at {self.url}",
-            )
+            session = self._client_session(f"the hub at {self.url}")
             answer_by = time.monotonic() + 2 * HANDSHAKE_TIMEOUT
             if deadline is not None:
                 answer_by = min(deadline, answer_by)

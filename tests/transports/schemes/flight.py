@@ -144,3 +144,16 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
         calls.append(_open(client, _hello(f"silent-{tag}-{i}").hello().to_bytes()))
     _hang_up(client, calls)
     time.sleep(2 * POLL_S)  # the hub frees their handshake slots, for the next stranger
+
+
+def proxy_target(hub_url: str) -> tuple[str, int]:
+    """Where a recording proxy forwards a client's connection to: the hub's gRPC port."""
+    from tensorwire.transports.url import host_port
+
+    return host_port(hub_url)
+
+
+def proxied_url(hub_url: str, port: int) -> str:
+    """The hub's URL as reached through a proxy on 127.0.0.1:``port`` (the hub's certificate
+    carries 127.0.0.1, so TLS verifies through it)."""
+    return f"flight://127.0.0.1:{port}"

@@ -1,4 +1,8 @@
-"""shm:// under the conformance suite."""
+"""shm:// under the conformance suite.
+
+Security takes the default hooks (mutual TLS settings, which shm:// accepts and does not use,
+and the device keys, which it checks); there is no ``proxied_url``: nothing crosses a
+network, so the capture test skips."""
 
 from __future__ import annotations
 
