@@ -1,12 +1,15 @@
-"""amqp:// specifics: names under a prefix, native fan-out, chunking, start order, cleanup."""
+"""amqp:// specifics: names under a prefix, native fan-out, chunking, start order, cleanup,
+strangers on the broker, repeated deliveries, and a broker that freezes or goes away."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,18 +19,14 @@ pika = pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')"
 import tensorwire  # noqa: E402
 from tensorwire.errors import (  # noqa: E402
     ChunkError,
-    MissingDependency,
     PeerGone,
     TransportError,
     TransportTimeout,
 )
 from tensorwire.transports import amqp  # noqa: E402
-from tensorwire.transports.brokers.rabbitmq import (  # noqa: E402
-    RabbitMQBroker,
-    find_rabbitmq,
-    rabbitmq_answers,
-)
+from tensorwire.transports.brokers.rabbitmq import rabbitmq_answers  # noqa: E402
 from tensorwire.wire import encode_message, iter_chunks  # noqa: E402
+from tensorwire.wire.chunks import CHUNK_HEADER, CHUNK_MAGIC  # noqa: E402
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"
 T = 20.0
@@ -43,6 +42,39 @@ def broker() -> str:
 @pytest.fixture
 def url(broker: str) -> str:
     return f"{broker}?prefix=twtest-{uuid.uuid4().hex[:12]}"
+
+
+def _scheme():
+    """tests/transports/schemes/amqp.py (its private broker is the session's one)."""
+    path = Path(__file__).with_name("schemes") / "amqp.py"
+    spec = importlib.util.spec_from_file_location("tw_scheme_amqp_for_test_amqp", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCHEME = _scheme()
+
+
+@pytest.fixture
+def private(request):
+    """The session's private RabbitMQ node, which these tests may freeze and restart."""
+    return SCHEME.private_broker(request)
+
+
+def _chunks(enc, message_id: int, size: int = 1 << 20) -> list[bytes]:
+    return [b"".join(parts) for parts in iter_chunks(enc.frames(), message_id, size)]
+
+
+def _forged_first_chunk(message_id: int, total: int = 16 << 30, piece: int = 1 << 10) -> bytes:
+    """The first chunk of a message declaring ``total`` bytes, carrying ``piece`` of them."""
+    header = CHUNK_HEADER.pack(CHUNK_MAGIC, 1, 0, 0, message_id, 0, total // piece, 0, total)
+    return header + bytes(piece)
+
+
+def _events(hub, kind: str) -> list:
+    return [e for e in hub.events if e.kind == kind]
 
 
 def _exists(kind: str, name: str) -> bool:
@@ -135,32 +167,63 @@ def test_a_handshake_timeout_is_retried_within_the_deadline(broker, monkeypatch)
 
     monkeypatch.setattr(amqp.pika, "BlockingConnection", stalled)
     attempts.clear()
-    with pytest.raises(TransportTimeout, match="could not connect"):
+    with pytest.raises(TransportTimeout, match="could not reach RabbitMQ"):
         amqp.connect_blocking(address, amqp.deadline_after(1.5), "stalled")
     assert len(attempts) > 1 and max(attempts) <= 1.5  # no attempt outlasts the deadline
 
 
-def test_a_silent_broker_is_noticed_within_the_heartbeat_bounds():
-    try:
-        find_rabbitmq()
-    except MissingDependency as exc:
-        pytest.skip(str(exc))
+def test_a_silent_broker_is_noticed_within_the_heartbeat_bounds_and_ridden_out(private):
     heartbeat = 2
-    with RabbitMQBroker() as node:  # a private node: it is frozen below
-        url = f"{node.url(prefix='twtest-silent')}&heartbeat={heartbeat}"
-        with tensorwire.serve(url) as hub:
-            ch = tensorwire.connect(hub.url, client_id="d")
-            hub.wait_for(1, timeout=T)
-            assert node.pid is not None
-            os.killpg(node.pid, signal.SIGSTOP)  # alive for TCP, silent for AMQP
-            try:
-                t = time.monotonic()
-                with pytest.raises(PeerGone):
-                    ch.recv(timeout=60)
-                assert time.monotonic() - t < 2 * (heartbeat + 5) + 1  # pika's bound
-            finally:
-                os.killpg(node.pid, signal.SIGCONT)
-            ch.close()
+    url = f"{private.hub_url()}&heartbeat={heartbeat}"
+    node = private.node
+    with tensorwire.serve(url) as hub, tensorwire.connect(hub.url, client_id="d") as ch:
+        hub.wait_for(1, timeout=T)
+        assert node.pid is not None
+        os.killpg(node.pid, signal.SIGSTOP)  # alive for TCP, silent for AMQP
+        try:
+            t = time.monotonic()
+            assert _wait_until(lambda: _events(hub, "medium-lost"), timeout=60)
+            assert time.monotonic() - t < 2 * (heartbeat + 5) + 1  # pika's bound
+            assert hub.clients == ["d"]  # an outage is no reason to drop a member
+        finally:
+            os.killpg(node.pid, signal.SIGCONT)
+        hub.send("d", {"v": np.arange(3)}, timeout=90)
+        assert np.array_equal(ch.recv(timeout=90)["v"], np.arange(3))
+        ch.send({"v": np.arange(2)}, timeout=90)
+        assert hub.recv(timeout=90)[0] == "d"
+        assert _events(hub, "medium-back") and not _events(hub, "left")
+
+
+def test_an_outage_keeps_members_and_sends_wait_for_the_broker_within_their_deadline(private):
+    url = private.hub_url()
+    with (
+        tensorwire.serve(url, codec=None) as hub,
+        tensorwire.connect(hub.url, client_id="a", codec=None) as a,
+        tensorwire.connect(hub.url, client_id="b", codec=None) as b,
+    ):
+        hub.wait_for(2, timeout=T)
+        restart = threading.Thread(target=private.restart, args=(4.0,))
+        restart.start()
+        try:
+            assert _wait_until(lambda: _events(hub, "medium-lost"))
+            t = time.monotonic()
+            result = hub.broadcast({"v": np.arange(3)}, timeout=1.0)
+            assert time.monotonic() - t < 10  # 1 s, and a connect attempt the deadline cut short
+            assert not result and sorted(result.failed) == ["a", "b"]
+            assert all(isinstance(e, TransportTimeout) for e in result.failed.values())
+            assert hub.clients == ["a", "b"]
+            a.send({"v": np.arange(4)}, meta={"from": "a"}, timeout=120)  # waits for the broker
+        finally:
+            restart.join(120)
+        sent = hub.broadcast({"v": np.arange(5)}, meta={"r": 1}, timeout=60)
+        assert sorted(sent) == ["a", "b"]
+        for ch in (a, b):
+            assert ch.recv(timeout=T).meta == {"r": 1}  # the failed broadcast never arrives
+        who, msg = hub.recv(timeout=T)
+        assert who == "a" and msg.meta == {"from": "a"}
+        with pytest.raises(TransportTimeout):  # once only
+            hub.recv(timeout=1.0)
+        assert _events(hub, "medium-back") and not _events(hub, "left")
 
 
 def test_chunked_messages_both_ways_and_interleaved(url, connect):
@@ -254,24 +317,111 @@ def test_a_dropped_client_is_noticed(url):
         ch = tensorwire.connect(hub.url, client_id="d")
         hub.wait_for(1, timeout=T)
         ch._drop()
-        assert _wait_until(lambda: not hub.clients, timeout=10)
+        assert _wait_until(lambda: not hub.clients, timeout=T)  # LEAVE_GRACE and a liveness round
         assert "dropped" in reasons[0]
         with pytest.raises(PeerGone):
             hub.send("d", {"v": np.zeros(1)})
 
 
-def test_a_message_whose_chunks_stop_coming_is_reported(url, monkeypatch):
+def test_a_message_whose_chunks_stop_coming_is_reported(url, monkeypatch, connect):
     monkeypatch.setattr(amqp, "REASSEMBLY_TIMEOUT", 0.5)
     with tensorwire.serve(url) as hub:
-        enc = encode_message({"x": np.zeros(10_000)})
-        first = b"".join(next(iter_chunks(enc.frames(), 7, 4096)))
-        conn = pika.BlockingConnection(pika.URLParameters(BROKER))
-        props = pika.BasicProperties(headers={"tw-client": "half"})
-        conn.channel().basic_publish("", f"{hub.prefix}.up", first, props)
-        conn.close()
+        connect(hub.url, client_id="half")
+        hub.wait_for(1, timeout=T)
+        first = _chunks(encode_message({"x": np.zeros(10_000)}), 7, 4096)[0]
+        SCHEME._publish(hub.url, [("", f"{hub.prefix}.up", "half", first)])
         assert _wait_until(lambda: hub.errors, timeout=10)
         who, exc = hub.errors[0]
         assert who == "half" and isinstance(exc, ChunkError) and "never arrived" in str(exc)
+
+
+def test_a_sender_that_has_not_joined_is_read_only_as_a_one_chunk_hello(url, connect):
+    with tensorwire.serve(url) as hub:
+        ch = connect(hub.url, client_id="c")
+        hub.wait_for(1, timeout=T)
+        data = encode_message({"v": np.arange(3)}, {"ghost": True})
+        big = encode_message({"v": np.zeros(10_000)}, {"ghost": True})
+        pieces = _chunks(big, 2, 4096)
+        up = f"{hub.prefix}.up"
+        SCHEME._publish(hub.url, [("", up, "ghost", body) for body in [*_chunks(data, 1), *pieces]])
+        assert _wait_until(
+            lambda: len(_events(hub, "refused")) == 1 and hub.errors.total == len(pieces)
+        )
+        assert all(who == "(not joined)" for who, _ in hub.errors)  # one log key for strangers
+        with pytest.raises(TransportTimeout):
+            hub.recv(timeout=0.5)
+        ch.send({"v": np.arange(2)})
+        assert hub.recv(timeout=T)[0] == "c" and hub.clients == ["c"]
+
+
+def test_a_strangers_chunks_cost_microseconds_and_memory_for_what_arrived(url, connect):
+    n = 2000
+    with tensorwire.serve(url) as hub:
+        ch = connect(hub.url, client_id="c")
+        hub.wait_for(1, timeout=T)
+        up = f"{hub.prefix}.up"
+        forged = [("", up, "stranger", _forged_first_chunk(i)) for i in range(n)]
+        forged += [("", up, "c", _forged_first_chunk(i)) for i in range(n)]  # as a member
+        forged += [(f"{hub.prefix}.all", "", "hub", _forged_first_chunk(i)) for i in range(n)]
+        SCHEME._publish(hub.url, forged)
+        t = time.monotonic()
+        ch.send({"v": np.arange(3)}, meta={"after": n})
+        hub.broadcast({"v": np.arange(3)}, meta={"after": n})
+        assert hub.recv(timeout=T)[1].meta == {"after": n}
+        assert ch.recv(timeout=T).meta == {"after": n}
+        # 6,000 chunks declaring 16 GiB each (the old reassembler took ~0.3 s per chunk)
+        assert time.monotonic() - t < 10
+        for side in (hub, ch):
+            assert side._inflow._chunks.pending_bytes < 1 << 20  # 8 pending, what arrived
+
+
+def test_forged_session_messages_change_nothing(url, connect):
+    with tensorwire.serve(url) as hub:
+        ch = connect(hub.url, client_id="c")
+        hub.wait_for(1, timeout=T)
+        bodies = [
+            _chunks(encode_message(None, meta, kind=kind), 100 + i)[0]
+            for i, (kind, meta) in enumerate(
+                [
+                    ("bye", {}),
+                    ("bye", {"session": "0" * 32}),
+                    ("welcome", {"session": ch._session.session, "version": 2}),
+                    ("refuse", {"reason": "forged", "code": "auth", "version": 2}),
+                ]
+            )
+        ]
+        SCHEME._publish(
+            hub.url,
+            [("", f"{hub.prefix}.up", "c", body) for body in bodies]
+            + [(f"{hub.prefix}.all", "", "hub", body) for body in bodies],
+        )
+        assert _wait_until(lambda: hub.errors.total == 4)  # the two byes and the two answers
+        hub.send("c", {"v": np.arange(3)})
+        assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
+        ch.send({"v": np.arange(2)})
+        assert hub.recv(timeout=T)[0] == "c"
+        assert hub.clients == ["c"] and not _events(hub, "left")
+
+
+def test_a_repeated_message_id_is_delivered_once(url, connect):
+    with tensorwire.serve(url, codec=None) as hub:
+        ch = connect(hub.url, client_id="c", codec=None)
+        hub.wait_for(1, timeout=T)
+        small = _chunks(encode_message({"v": np.arange(3)}, {"i": 1}), 11)
+        big = _chunks(encode_message({"v": np.arange(100_000)}, {"i": 2}), 12, 1 << 16)
+        twice = [*small, *small, *big, *big[:3]]
+        SCHEME._publish(
+            hub.url,
+            [("", f"{hub.prefix}.up", "c", body) for body in twice]
+            + [(f"{hub.prefix}.all", "", "hub", body) for body in twice],
+        )
+        assert [hub.recv(timeout=T)[1].meta["i"] for _ in range(2)] == [1, 2]
+        assert [ch.recv(timeout=T).meta["i"] for _ in range(2)] == [1, 2]
+        with pytest.raises(TransportTimeout):
+            hub.recv(timeout=0.5)
+        with pytest.raises(TransportTimeout):
+            ch.recv(timeout=0.5)
+        assert not hub.errors
 
 
 def test_an_unreachable_broker_times_out():
@@ -282,6 +432,8 @@ def test_an_unreachable_broker_times_out():
     t = time.monotonic()
     with pytest.raises(TransportTimeout, match="is it running"):
         tensorwire.connect(f"amqp://guest:guest@127.0.0.1:{port}/%2F?prefix=x", timeout=1)
+    with pytest.raises(TransportTimeout, match="is it running"):
+        tensorwire.serve(f"amqp://guest:guest@127.0.0.1:{port}/%2F?prefix=x", timeout=1)
     assert time.monotonic() - t < 10
 
 

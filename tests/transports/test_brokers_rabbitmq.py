@@ -1,11 +1,14 @@
-"""tensorwire.transports.brokers.rabbitmq: probing, a private node's whole life, missing binary."""
+"""tensorwire.transports.brokers.rabbitmq: probing, a private node's whole life and restart,
+missing binary."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -87,12 +90,13 @@ def test_a_private_broker_serves_and_leaves_nothing_behind():
     system_up = rabbitmq_answers(SYSTEM)
     dirs_before = set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*"))
     kids_before = set(_children())
+    node = f"tensorwire-{os.getpid()}-"
+    nodes_before = set(_processes_of_node(node))  # the session's private node may run already
     wanted = f"amqp://tw:secret@127.0.0.1:{_closed_port()}/exp"
     with ensure_rabbitmq(wanted) as url:
         assert url != wanted and url.startswith("amqp://tw:secret@127.0.0.1:")
         assert url.endswith("/exp")  # the URL's user and vhost were created
-        node = f"tensorwire-{os.getpid()}-"
-        assert _processes_of_node(node)
+        assert set(_processes_of_node(node)) - nodes_before
         hub = tensorwire.serve(f"{url}?prefix=t-{uuid.uuid4().hex[:6]}")
         with hub, tensorwire.connect(hub.url, client_id="p", timeout=T) as ch:
             hub.wait_for(1, timeout=T)
@@ -100,7 +104,7 @@ def test_a_private_broker_serves_and_leaves_nothing_behind():
             assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(5))
             ch.send({"v": np.arange(2)})
             assert hub.recv(timeout=T)[0] == "p"
-    assert not _processes_of_node(node)
+    assert set(_processes_of_node(node)) <= nodes_before
     assert set(_children()) <= kids_before  # its shell, node and epmd are all gone
     assert set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*")) <= dirs_before
     assert rabbitmq_answers(SYSTEM) == system_up  # the system broker was not disturbed
@@ -130,3 +134,34 @@ def test_a_private_broker_waits_out_a_lossy_link_and_keeps_rabbitmqs_socket_defa
         assert "{send_timeout,540000}" in options
         for default in ("{linger,{true,0}}", "{exit_on_close,false}", "{nodelay,true}"):
             assert default in options  # setting one key must not drop RabbitMQ's others
+
+
+def test_a_restart_keeps_port_node_directory_and_persistent_messages(request):
+    pika = pytest.importorskip("pika")
+    spec = importlib.util.spec_from_file_location(
+        "tw_scheme_amqp_for_brokers", Path(__file__).with_name("schemes") / "amqp.py"
+    )
+    assert spec and spec.loader
+    scheme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scheme)
+    node = scheme.private_broker(request).node  # the session's private node
+    port, name, directory, pid = node.port, node.node, node.dir, node.pid
+    queue = f"twtest-restart-{uuid.uuid4().hex[:8]}"
+    conn = pika.BlockingConnection(pika.URLParameters(node.url()))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(queue, durable=True)
+    ch.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    t = time.monotonic()
+    node.restart(1.0)
+    assert time.monotonic() - t >= 1.0
+    assert (node.port, node.node, node.dir) == (port, name, directory) and node.pid != pid
+    conn = pika.BlockingConnection(pika.URLParameters(node.url()))
+    try:
+        ch = conn.channel()
+        _, _, body = ch.basic_get(queue, auto_ack=True)
+        assert body == b"kept"
+        ch.queue_delete(queue)
+    finally:
+        conn.close()

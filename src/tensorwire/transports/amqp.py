@@ -1,27 +1,37 @@
 """``amqp://user:pass@host:port/vhost?prefix=NAME&chunk=BYTES``: tensorwire over RabbitMQ (pika).
 
-Names, all under the hub's ``prefix`` (from the URL, else random; :attr:`AmqpHub.url` carries
-it), so hubs sharing a broker never meet:
+``docs/transports/amqp.md`` specifies the mapping. Names, all under the hub's ``prefix`` (from
+the URL, else random; :attr:`AmqpHub.url` carries it), so hubs sharing a broker never meet:
 
-- ``PREFIX.up``: the uplink queue the hub consumes; exclusive to the hub's connection, so the
-  broker deletes it when the hub goes, and a hello published to it is unroutable until the hub
-  is up (clients retry until their timeout).
-- ``PREFIX.c.CLIENT.SESSION``: one queue per client session, declared and consumed by the
-  client *before* its hello (nothing the hub sends after the hello can be lost); auto-delete,
-  so the broker deletes it when the client's connection drops.
-- ``PREFIX.all``: a fanout exchange; the hub binds a client's queue to it when it accepts the
-  hello, so its bindings are exactly the members and a broadcast to all of them is one publish.
+- ``PREFIX.up``: the uplink, a durable queue the hub consumes exclusively and every client
+  publishes its hello, data and bye to (through the default exchange);
+- ``PREFIX.c.CLIENT.TAG``: a durable queue per client session (``TAG``: 8 random hex digits),
+  declared and consumed by the client before its hello, so nothing the hub sends after the
+  hello is lost; the hub sends its welcome, refuse, bye and unicast data to it by name;
+- ``PREFIX.all``: a durable fanout exchange; the hub binds a client's queue to it when it
+  accepts the hello, so a broadcast to all members is one publish.
 
-Unicast goes through the default exchange to the session queue by name (AMQP's built-in
-direct exchange): it reaches this session only, never a stale queue of a reconnected client.
-Every AMQP message is one tensorwire chunk (``tensorwire.wire.iter_chunks``) of at most
-``chunk`` bytes, under the broker's ``max_message_size`` (128 MiB by default), with the
-sender's client id in the ``tw-client`` header; chunks are reassembled per sender. Publishes
-use publisher confirms and ``mandatory``: a send returns once the broker holds every chunk,
-and a chunk no queue would take raises ``PeerGone``. Clients say ``hello`` (meta: client_id,
-decoders, version, queue) and ``bye``; the hub answers ``welcome`` and, on close, ``bye``.
-A client whose connection drops without a bye is noticed by the hub's liveness check: every
-``liveness`` seconds a passive declare of each member's queue, which the broker deleted.
+Every AMQP message is one chunk (``tensorwire.wire.iter_chunks``) carrying at most ``chunk``
+bytes of its message, persistent, ``mandatory`` and confirmed, with its sender's client id (the
+hub's: ``hub``) in the ``tw-client`` header; a send returns once the broker has every chunk on
+disk, and a chunk no queue takes raises ``PeerGone``. The session (``docs/session.md``) runs on
+:class:`HubSession` and :class:`ClientSession`; the hello names the client's queue (``queue``),
+the client's bye its session (``session``), so a stale or forged bye cannot end a session.
+
+Hostile input: the hub reads a sender that has not completed its hello only as one chunk of at
+most 64 KiB (a hello); a client takes only chunks headed ``tw-client: hub``, and session
+messages only through its own queue, never through the fanout exchange anyone can publish to.
+Everything else is dropped, logged at most once per 10 s per kind, and never reaches ``recv``.
+A repeated message id (a chunk published again after a lost confirm, a delivery the broker
+repeats after a reconnect) is delivered once.
+
+Broker faults: each side reconnects by itself with backoff, re-declares what it uses and
+publishes again every chunk whose confirm did not come; the durable queues keep what they
+held. The hub keeps its members through an outage (events ``medium-lost`` / ``medium-back``);
+a member counts as gone once its queue has had no consumer for :data:`LEAVE_GRACE` seconds
+of the hub's connected time, and the hub as gone for a client once its uplink has had none for
+:data:`HUB_GRACE` seconds. A client says hello again (same session) after each reconnect,
+so a hub that lost track of it takes it back.
 
 Other query parameters go to pika (``heartbeat``, ``socket_timeout``, ``stack_timeout``,
 ``blocked_connection_timeout``, ...). Three have tensorwire defaults where the URL gives none,
@@ -44,9 +54,9 @@ broker (:class:`tensorwire.transports.brokers.RabbitMQBroker`) raises both; rais
 broker of your own too.
 
 Threads: pika connections are not thread-safe, so each endpoint has two. A consumer
-connection belongs to one thread that consumes and does the bookkeeping; a publisher
-connection is shared under a lock, so a big send never stalls receiving (on two cores the two
-overlap) and user threads publish without handing buffers to another thread.
+connection belongs to one thread that consumes, answers session messages and does the
+bookkeeping; a publisher connection is shared under a lock, so a big send never stalls
+receiving and user threads publish without handing buffers to another thread.
 """
 
 from __future__ import annotations
@@ -57,8 +67,9 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -66,44 +77,79 @@ import pika
 import pika.exceptions as px
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
-from tensorwire.errors import ChunkError, PeerGone, TransportError, TransportTimeout, WireError
+from tensorwire.errors import (
+    AuthenticationError,
+    ChunkError,
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+    TruncatedMessage,
+    WireError,
+)
 from tensorwire.transports.base import (
-    PROTOCOL_VERSION,
     Channel,
     Hub,
-    control_message,
+    Inbox,
+    _log_limited,
     deadline_after,
     default_client_id,
+    dial,
     remaining,
 )
+from tensorwire.transports.session import (
+    CLIENT_ID,
+    HELLO_LIMITS,
+    Closed,
+    Data,
+    HubSession,
+    State,
+    Welcomed,
+    bye,
+)
 from tensorwire.wire import (
+    CHUNK_HEADER_SIZE,
+    PREFIX_SIZE,
     ChunkReassembler,
     EncodedMessage,
     Limits,
     Message,
+    decode_message,
+    encode_message,
     iter_chunks,
     new_message_id,
     parse_chunk,
 )
+from tensorwire.wire.format import parse_prefix
 
 log = logging.getLogger("tensorwire.transports.amqp")
 
 BROKER_MAX_MESSAGE = 128 << 20  # bytes: RabbitMQ's default max_message_size
 DEFAULT_CHUNK = 4 << 20  # bytes per AMQP message: 1..8 MiB tie on loopback, 32+ MiB are slower
 MIN_CHUNK = 1 << 10  # bytes
-# Seconds a chunked message may go without a new chunk. Confirmed publishes lose no chunk while
-# the sender is connected, but at 20 % loss TCP backoff makes one 2.3 MB message take up to
-# 207 s, so a 4 MiB chunk can take far more than 60 s. Longer than a silent connection lives
-# (see HEARTBEAT): this only bounds the memory of a sender that vanished mid-message.
+CONTROL_CHUNK = HELLO_LIMITS.max_message_bytes  # bytes: session messages always go as one chunk
+# Seconds a chunked message may go without a new chunk. Confirmed publishes lose no chunk, but
+# at 20 % loss TCP backoff makes one 2.3 MB message take up to 207 s, so a 4 MiB chunk can take
+# far more than 60 s. Longer than a silent connection lives (see HEARTBEAT): this only bounds
+# the memory of a sender that vanished mid-message.
 REASSEMBLY_TIMEOUT = 600.0
-QUEUE_EXPIRES_MS = 60_000  # a client queue never consumed (client died mid-connect) goes then
-BYE_TIMEOUT = 2.0  # seconds spent saying goodbye before closing anyway
-RECONNECT_TIMEOUT = 10.0  # seconds a send without a timeout waits for a lost broker to return
+MAX_PENDING = 8  # messages one sender may have half-arrived (it sends one at a time)
+MAX_SEEN = 1 << 14  # ids of one-chunk messages remembered to drop a repeat
+PREFETCH = 16  # chunks a consumer may hold unacknowledged
+QUEUE_EXPIRES_MS = 600_000  # a queue nobody consumed for this long is deleted by the broker
+BYE_TIMEOUT = 2.0  # seconds spent saying goodbye (and cleaning up) before closing anyway
+RECONNECT_TIMEOUT = 60.0  # seconds a send without a timeout waits for a lost broker
+OUTAGE_LIMIT = 600.0  # seconds without the broker before a channel gives up, a hub's members go
+LEAVE_GRACE = 10.0  # seconds a member's queue may go unconsumed (it is reconnecting) on the hub
+HUB_GRACE = 30.0  # seconds the uplink may go unconsumed (the hub is reconnecting), for a client
+HUB_CHECK = 2.0  # seconds between a client's looks at the uplink
+HELLO_RETRY = 2.0  # seconds to wait for a welcome before saying hello again
 TICK = 0.5  # seconds between the consumer thread's bookkeeping rounds at most
 KEEPALIVE = 10.0  # seconds between services of an idle publisher connection (heartbeats)
 HEARTBEAT = 180  # seconds: tolerates a heartbeat ~95 s late (see the module's docstring)
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect: SYN retries at 1, 3, 7, 15 s fit
 HANDSHAKE_TIMEOUT = 60.0  # seconds for connect + AMQP handshake (pika's 15 s fails at 20 % loss)
+HUB = "hub"  # the tw-client header of the hub's messages
 _PIKA_DEFAULTS = {
     "heartbeat": HEARTBEAT,
     "socket_timeout": CONNECT_TIMEOUT,
@@ -113,6 +159,20 @@ _READ_BYTES = 1 << 16  # see _widen_reads
 _MAX_NAME = 255  # bytes: AMQP short strings (queue and exchange names)
 _CLIENT_HEADER = "tw-client"
 _OUR_QUERY = ("prefix", "chunk")
+_QUEUE_ARGS = {"x-expires": QUEUE_EXPIRES_MS}
+_PERSISTENT = 2  # AMQP delivery mode: the broker keeps the message on disk until consumed
+_STRANGER = "(not joined)"  # the hub's name in its errors for a sender without a session
+
+# pika logs every failed connection attempt and lost connection at ERROR, with tracebacks; those
+# are the broker outages this module rides out and reports itself.
+for _name in (
+    "pika.connection",
+    "pika.adapters.base_connection",
+    "pika.adapters.blocking_connection",
+    "pika.adapters.utils.connection_workflow",
+    "pika.adapters.utils.io_services_utils",
+):
+    logging.getLogger(_name).setLevel(logging.CRITICAL)
 
 
 # -- URL and connections ----------------------------------------------------------------------
@@ -172,10 +232,11 @@ def _parse_chunk(text: str | int) -> int:
         chunk = int(text)
     except ValueError:
         raise TransportError(f"chunk={text!r}: give the most bytes per AMQP message") from None
-    if not MIN_CHUNK <= chunk <= BROKER_MAX_MESSAGE:
+    most = BROKER_MAX_MESSAGE - CHUNK_HEADER_SIZE  # a body is the chunk and its header
+    if not MIN_CHUNK <= chunk <= most:
         raise TransportError(
-            f"chunk={chunk}: must be {MIN_CHUNK}..{BROKER_MAX_MESSAGE} bytes (and under the "
-            "broker's max_message_size)"
+            f"chunk={chunk}: must be {MIN_CHUNK}..{most} bytes (and the body, 40 bytes more, "
+            "under the broker's max_message_size)"
         )
     return chunk
 
@@ -192,41 +253,48 @@ def _widen_reads(conn: pika.BlockingConnection) -> None:
         transport._MAX_RECV_BYTES = _READ_BYTES
 
 
+def _connect_once(
+    address: AmqpAddress, deadline: float | None, name: str
+) -> pika.BlockingConnection:
+    """One attempt at a pika connection, within ``deadline`` (but 1 s at least).
+
+    A refused credential or vhost is final (``SessionRefused``); anything else that keeps the
+    broker from answering is a ``TransportError``, for :func:`dial` to retry.
+    """
+    params = copy.copy(address.params)
+    params.client_properties = {"connection_name": name, "product": "tensorwire"}
+    left = remaining(deadline)
+    if left is not None:
+        left = max(left, 1.0)
+        params.socket_timeout = min(address.params.socket_timeout or left, left)
+        params.stack_timeout = min(address.params.stack_timeout or left, left)
+    try:
+        conn = pika.BlockingConnection(params)
+    except (px.ProbableAuthenticationError, px.AuthenticationError) as exc:
+        raise AuthenticationError(
+            f"RabbitMQ at {address.where} refused the credentials in the URL: {exc!r}"
+        ) from None
+    except px.ProbableAccessDeniedError as exc:
+        raise SessionRefused(
+            f"RabbitMQ at {address.where}: no access to the vhost: {exc!r}"
+        ) from None
+    # AMQPConnectorException: pika's stack_timeout during the handshake, not an AMQPError.
+    except (px.AMQPError, AMQPConnectorException, OSError) as exc:
+        raise TransportError(repr(exc)) from None
+    _widen_reads(conn)
+    return conn
+
+
 def connect_blocking(
     address: AmqpAddress, deadline: float | None, name: str
 ) -> pika.BlockingConnection:
-    """Open a pika connection, retrying until ``deadline`` while the broker does not answer."""
-    params = copy.copy(address.params)
-    params.client_properties = {"connection_name": name, "product": "tensorwire"}
-    delay = 0.05
-    while True:
-        left = remaining(deadline)
-        if left is not None:  # one attempt must not outlast the deadline (but gets 1 s at least)
-            left = max(left, 1.0)
-            params.socket_timeout = min(address.params.socket_timeout or left, left)
-            params.stack_timeout = min(address.params.stack_timeout or left, left)
-        try:
-            conn = pika.BlockingConnection(params)
-        except (px.ProbableAuthenticationError, px.AuthenticationError) as exc:
-            raise TransportError(
-                f"RabbitMQ at {address.where} refused the credentials in the URL: {exc!r}"
-            ) from None
-        except px.ProbableAccessDeniedError as exc:
-            raise TransportError(
-                f"RabbitMQ at {address.where}: no access to the vhost: {exc!r}"
-            ) from None
-        # AMQPConnectorException: pika's stack_timeout during the handshake, not an AMQPError.
-        except (px.AMQPConnectionError, AMQPConnectorException) as exc:
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise TransportTimeout(
-                    f"could not connect to RabbitMQ at {address.where} ({exc!r}); is it running? "
-                    "(tensorwire.transports.brokers.ensure_rabbitmq starts a private one)"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-            continue
-        _widen_reads(conn)
-        return conn
+    """Open a pika connection, retrying with backoff until ``deadline`` while the broker does
+    not answer (:class:`TransportTimeout` then); a refused credential raises at once."""
+    return dial(
+        lambda d: _connect_once(address, d, name),
+        what=f"RabbitMQ at {address.where} (is it running?)",
+        timeout=remaining(deadline),
+    )
 
 
 def _close_quietly(conn: pika.BlockingConnection | None) -> None:
@@ -235,20 +303,77 @@ def _close_quietly(conn: pika.BlockingConnection | None) -> None:
             conn.close()
 
 
+def _props(sender: str) -> pika.BasicProperties:
+    return pika.BasicProperties(headers={_CLIENT_HEADER: sender}, delivery_mode=_PERSISTENT)
+
+
+def _sender_of(props: Any) -> str:
+    """The ``tw-client`` header if it is a valid client id, else ``?``."""
+    headers = props.headers
+    cid = headers.get(_CLIENT_HEADER) if isinstance(headers, dict) else None
+    if isinstance(cid, bytes):
+        cid = cid.decode("utf-8", "replace")
+    return cid if isinstance(cid, str) and CLIENT_ID.match(cid) else "?"
+
+
+def _declare_queue(ch: Any, queue: str) -> None:
+    ch.queue_declare(queue, durable=True, arguments=_QUEUE_ARGS)
+
+
+class _Admin:
+    """A channel for binds and probes, on the consumer's connection and thread: a refusal
+    (404: the queue is gone) closes it, so each gets its own channel and a new one follows."""
+
+    def __init__(self, conn: pika.BlockingConnection) -> None:
+        self._conn = conn
+        self._ch = conn.channel()
+
+    def run(self, op: Callable[[Any], Any]) -> bool:
+        """Run ``op(channel)``; False if the broker refused it."""
+        try:
+            op(self._ch)
+            return True
+        except px.ChannelClosedByBroker as exc:
+            log.debug("amqp: broker refused: %s", exc.reply_text)
+            self._ch = self._conn.channel()
+            return False
+
+    def consumers(self, queue: str) -> int:
+        """How many consumers ``queue`` has (0 if it does not exist)."""
+        found: list[int] = []
+        self.run(
+            lambda ch: found.append(ch.queue_declare(queue, passive=True).method.consumer_count)
+        )
+        return found[0] if found else 0
+
+
+def _say(ch: Any, queue: str, enc: EncodedMessage, sender: str) -> bool:
+    """Publish a session message to ``queue`` on the confirming channel ``ch``; False if no
+    queue takes it (its owner left) or the broker refused it."""
+    try:
+        for parts in iter_chunks(enc.frames(), new_message_id(), CONTROL_CHUNK):
+            ch.basic_publish("", queue, b"".join(parts), _props(sender), mandatory=True)
+        return True
+    except (px.UnroutableError, px.NackError) as exc:
+        log.debug("amqp: %s to %r not taken: %r", enc.kind, queue, exc)
+        return False
+
+
 # -- publishing -------------------------------------------------------------------------------
 
 
 class _Publisher:
-    """A publishing connection with confirms, shared by threads under :attr:`lock`.
+    """A confirming publisher connection, shared by threads under :attr:`lock`.
 
-    Opened on first use and again after the broker closed it. Each publish is ``mandatory``:
-    a chunk no queue takes raises ``PeerGone``.
+    Opened on first use and again whenever the broker connection is lost; a chunk whose
+    confirm did not come is published again on the new connection (a receiver drops a repeated
+    message id) until the send's deadline, or :data:`RECONNECT_TIMEOUT` without one.
     """
 
     def __init__(self, address: AmqpAddress, name: str, sender: str) -> None:
         self._address = address
         self._name = name
-        self._props = pika.BasicProperties(headers={_CLIENT_HEADER: sender})
+        self._props = _props(sender)
         self.lock = threading.Lock()
         self._conn: pika.BlockingConnection | None = None
         self._ch: Any = None
@@ -262,8 +387,8 @@ class _Publisher:
             else KEEPALIVE
         )
 
-    def channel(self, deadline: float | None = None) -> Any:
-        """The confirming pika channel, (re)opened if needed; call with :attr:`lock` held."""
+    def channel(self, deadline: float | None) -> Any:
+        """The confirming channel, (re)connected until ``deadline``; call with :attr:`lock` held."""
         if self._closed:
             raise PeerGone("this endpoint is closed")
         if self._ch is None or not self._ch.is_open:
@@ -297,32 +422,48 @@ class _Publisher:
     ) -> None:
         """:meth:`publish` for a caller that holds :attr:`lock` already."""
         self._last_used = time.monotonic()
-        ch = self._guard(lambda: self.channel(deadline), routing_key)
+        target = routing_key or exchange
         for parts in iter_chunks(enc.frames(), new_message_id(), chunk):
             if remaining(deadline) == 0.0:
-                raise TransportTimeout(f"sending to {routing_key or exchange} ran out of time")
+                raise TransportTimeout(f"sending to {target!r} ran out of time")
             body = b"".join(parts)  # pika takes bytes only: the one copy a send makes
-            self._guard(
-                lambda body=body: ch.basic_publish(
-                    exchange, routing_key, body, self._props, mandatory=True
-                ),
-                routing_key or exchange,
-            )
+            self._publish_chunk(exchange, routing_key, body, deadline, target)
 
-    def _guard(self, op: Callable[[], Any], target: str) -> Any:
-        try:
-            return op()
-        except px.UnroutableError:
-            raise PeerGone(f"no queue takes messages for {target!r}: its owner left") from None
-        except px.NackError:
-            raise TransportError(f"the broker refused a message for {target!r}") from None
-        except px.ChannelClosedByBroker as exc:
-            hint = " (lower chunk= in the URL)" if exc.reply_code == 406 else ""
-            raise TransportError(f"the broker closed the channel: {exc.reply_text}{hint}") from None
-        except (px.AMQPConnectionError, px.ConnectionWrongStateError, OSError) as exc:
-            _close_quietly(self._conn)
-            self._conn = self._ch = None
-            raise PeerGone(f"lost the connection to RabbitMQ: {exc!r}") from None
+    def _publish_chunk(
+        self, exchange: str, routing_key: str, body: bytes, deadline: float | None, target: str
+    ) -> None:
+        limit = deadline  # a send without a deadline gets RECONNECT_TIMEOUT once the broker goes
+        delay = 0.05
+        while True:
+            try:
+                ch = self.channel(limit)
+                ch.basic_publish(exchange, routing_key, body, self._props, mandatory=True)
+                return
+            except px.UnroutableError:
+                raise PeerGone(f"no queue takes messages for {target!r}: its owner left") from None
+            except px.NackError:
+                raise TransportError(f"the broker refused a message for {target!r}") from None
+            except px.ChannelClosedByBroker as exc:
+                self._ch = None
+                if exc.reply_code == 404:
+                    raise PeerGone(f"{target!r} is gone: {exc.reply_text}") from None
+                hint = " (lower chunk= in the URL)" if exc.reply_code == 406 else ""
+                raise TransportError(
+                    f"the broker closed the channel: {exc.reply_text}{hint}"
+                ) from None
+            except TransportError:  # no broker within the deadline, a refusal, or closed
+                raise
+            except (px.AMQPError, OSError) as exc:  # the connection is lost: send it again
+                _close_quietly(self._conn)
+                self._conn = self._ch = None
+                if limit is None:
+                    limit = deadline_after(RECONNECT_TIMEOUT)
+                log.info("amqp: lost RabbitMQ sending to %r (%r); sending again", target, exc)
+            left = remaining(limit)
+            if left == 0.0:
+                raise TransportTimeout(f"RabbitMQ did not come back in time to send to {target!r}")
+            time.sleep(min(delay, left or 0.0))
+            delay = min(delay * 2, 1.0)
 
     def keepalive(self) -> None:
         """Let an idle connection answer heartbeats; skipped while another thread publishes."""
@@ -333,7 +474,8 @@ class _Publisher:
             if self._conn is not None and self._conn.is_open:
                 self._conn.process_data_events(0)
             self._last_used = time.monotonic()
-        except (px.AMQPError, OSError):
+        except (px.AMQPError, OSError):  # lost: the next publish reconnects
+            _close_quietly(self._conn)
             self._conn = self._ch = None
         finally:
             self.lock.release()
@@ -348,23 +490,37 @@ class _Publisher:
 # -- consuming --------------------------------------------------------------------------------
 
 
-class _Assembler:
-    """Chunks in, whole messages out, per sender; remembers when each message began arriving."""
+class _Inflow:
+    """Chunks in, whole messages out, per sender, each message id once.
+
+    One-chunk messages skip the reassembler (no copy) and a bounded set of their ids drops a
+    repeat; longer ones go through a :class:`ChunkReassembler`, whose done-keys drop theirs.
+    """
 
     def __init__(self, limits: Limits) -> None:
+        self.timeout = REASSEMBLY_TIMEOUT
         self._chunks = ChunkReassembler(
-            max_message_bytes=limits.max_message_bytes, timeout=REASSEMBLY_TIMEOUT
+            max_message_bytes=limits.max_message_bytes,
+            timeout=self.timeout,
+            max_pending=MAX_PENDING,
         )
-        self._first: dict[tuple[Hashable, int], float] = {}
+        self._seen: OrderedDict[tuple[Hashable, int], None] = OrderedDict()
+        self._first: dict[tuple[Hashable, int], float] = {}  # when a pending one began to arrive
 
     def feed(self, body: bytes, now: float, source: Hashable) -> tuple[Any, float] | None:
-        """The whole message and its first chunk's arrival time, once ``body`` completes one."""
+        """The whole message and its first chunk's arrival time, once ``body`` completes a
+        message not seen before; ``ChunkError`` / ``MessageTooLarge`` for a bad chunk."""
         head, payload = parse_chunk(body)
+        key = (source, head.message_id)
         if head.count == 1:  # the common small message: no reassembly copy
             if len(payload) != head.total_length:
                 raise ChunkError(f"single chunk of {len(payload)} bytes, says {head.total_length}")
+            if key in self._seen:
+                return None
+            self._seen[key] = None
+            if len(self._seen) > MAX_SEEN:
+                self._seen.popitem(last=False)
             return payload, now
-        key = (source, head.message_id)
         data = self._chunks.feed(body, now, source)
         if data is None:
             if self._chunks.is_pending(head.message_id, source):  # not a late duplicate
@@ -378,83 +534,132 @@ class _Assembler:
         for partial in self._chunks.expire(now):
             self._first.pop((partial.source, partial.message_id), None)
             lost = sum(n for _, n in partial.missing)
-            out.append(
-                (
-                    partial.source,
-                    ChunkError(
-                        f"message {partial.message_id:#x} dropped: {lost} of "
-                        f"{partial.total_length} bytes never arrived within {REASSEMBLY_TIMEOUT} s"
-                    ),
-                )
+            error = ChunkError(
+                f"message {partial.message_id:#x} dropped: {lost} of {partial.total_length} "
+                f"bytes never arrived within {self.timeout} s"
             )
+            out.append((partial.source, error))
         return out
 
 
-class _ConsumerThread(threading.Thread):
-    """Owns a consumer connection: runs its deliveries and ``tick()`` until :meth:`stop`."""
+class _Stopped(Exception):
+    """The consumer was stopped while it reconnected (not an ``OSError``: ends ``dial``)."""
+
+
+class _Consumer(threading.Thread):
+    """Owns the consuming connection: runs its deliveries and ``tick()`` until :meth:`stop`.
+
+    The first connection is made (retried until ``deadline``) and ``setup(conn)`` run on it in
+    the constructor, so their errors are the caller's. When the broker connection is lost it
+    calls ``on_lost(exc)``, reconnects with backoff, runs ``setup`` on the new connection and
+    calls ``on_back(seconds it was down)``; after :data:`OUTAGE_LIMIT` seconds in vain,
+    ``on_gone(exc)``, which says whether to keep trying.
+    """
 
     def __init__(
         self,
-        conn: pika.BlockingConnection,
+        address: AmqpAddress,
+        name: str,
+        deadline: float | None,
+        *,
+        setup: Callable[[pika.BlockingConnection], None],
         tick: Callable[[], None],
         on_lost: Callable[[Exception], None],
-        name: str,
+        on_back: Callable[[float], None],
+        on_gone: Callable[[Exception], bool],
     ) -> None:
-        super().__init__(name=name, daemon=True)
-        self.conn = conn
+        super().__init__(name=f"tensorwire-amqp-{name}", daemon=True)
+        self._label = name
+        self._address = address
+        self._conn_name = f"tensorwire {name}"
+        self._setup = setup
         self._tick = tick
         self._on_lost = on_lost
+        self._on_back = on_back
+        self._on_gone = on_gone
         self._stopping = False
+        self.conn = connect_blocking(address, deadline, self._conn_name)
+        try:
+            setup(self.conn)
+        except BaseException:
+            _close_quietly(self.conn)
+            raise
+
+    def _reopen(self, deadline: float | None) -> pika.BlockingConnection:
+        """One attempt at a new connection, set up; every failure is for ``dial`` to retry."""
+        if self._stopping:
+            raise _Stopped
+        conn = _connect_once(self._address, deadline, self._conn_name)
+        try:
+            self._setup(conn)
+        except (px.AMQPError, OSError) as exc:
+            _close_quietly(conn)
+            raise TransportError(f"setting up a new connection: {exc!r}") from None
+        return conn
 
     def run(self) -> None:
         try:
             while not self._stopping:
-                self.conn.process_data_events(time_limit=TICK)
-                self._tick()
-        except (px.AMQPError, OSError) as exc:
-            if not self._stopping:
-                log.warning("amqp: consumer connection lost: %r", exc)
-                self._on_lost(exc)
+                try:
+                    self.conn.process_data_events(time_limit=TICK)
+                    self._tick()
+                    continue
+                except (px.AMQPError, OSError) as exc:
+                    lost: Exception = exc
+                except Exception as exc:  # a bug in a callback must not end consuming for good
+                    log.exception("amqp: %s: unexpected error; reconnecting", self._label)
+                    lost = exc
+                if self._stopping:
+                    return
+                _close_quietly(self.conn)
+                self._reconnect(lost)
         finally:
             _close_quietly(self.conn)
+
+    def _reconnect(self, lost: Exception) -> None:
+        log.warning("amqp: %s lost RabbitMQ (%r); reconnecting", self._label, lost)
+        self._on_lost(lost)
+        started = time.monotonic()
+        while True:
+            try:
+                self.conn = dial(
+                    self._reopen, what=f"RabbitMQ at {self._address.where}", timeout=OUTAGE_LIMIT
+                )
+                break
+            except _Stopped:
+                self._stopping = True
+                return
+            except TransportError as exc:
+                if not self._on_gone(exc):
+                    self._stopping = True
+                    return
+        down = time.monotonic() - started
+        log.warning("amqp: %s is back on RabbitMQ after %.1f s", self._label, down)
+        self._on_back(down)
 
     def stop(self) -> None:
         """Stop consuming and close the connection (from the thread itself); wait for it."""
         self._stopping = True
         with contextlib.suppress(px.AMQPError, OSError):  # connection already gone
             self.conn.add_callback_threadsafe(lambda: None)  # wake process_data_events now
-        if threading.current_thread() is not self:
+        if threading.current_thread() is not self and self.is_alive():
             self.join(timeout=10)
 
 
-def _sender_of(props: Any) -> str:
-    cid = (props.headers or {}).get(_CLIENT_HEADER)
-    if isinstance(cid, bytes):
-        cid = cid.decode("utf-8", "replace")
-    return cid if isinstance(cid, str) and cid else "?"
-
-
-def _parse_hello(msg: Message, sender: str, queue_prefix: str) -> tuple[frozenset[str], str]:
-    meta = msg.meta
-    decoders = meta.get("decoders", [])
-    queue = meta.get("queue")
-    if meta.get("client_id") != sender:
-        raise TransportError(f"hello names client {meta.get('client_id')!r}, sent by {sender!r}")
-    if not isinstance(decoders, list) or not all(isinstance(d, str) for d in decoders):
-        raise TransportError("hello: 'decoders' must be a list of codec ids")
-    if not isinstance(queue, str) or not queue.startswith(queue_prefix):
-        raise TransportError(f"hello: queue {queue!r} is not one of this hub's client queues")
-    return frozenset(decoders), queue
-
-
 # -- hub --------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Peer:
+    session: HubSession
+    queue: str  # its session queue, bound to the fanout exchange
 
 
 class AmqpHub(Hub):
     """Hub on a RabbitMQ broker; clients connect to :attr:`url` (it carries the prefix).
 
     ``chunk``: most bytes per AMQP message (default: the URL's, else :data:`DEFAULT_CHUNK`);
-    ``liveness``: seconds between checks that each member's queue still exists.
+    ``liveness``: seconds between checks that each member's queue still has a consumer.
     """
 
     protocol = "amqp"
@@ -473,109 +678,155 @@ class AmqpHub(Hub):
         self.prefix = address.prefix or f"tw-{uuid.uuid4().hex[:12]}"
         self.chunk = _parse_chunk(chunk) if chunk is not None else address.chunk or DEFAULT_CHUNK
         self.url = address.url_with(self.prefix, address.chunk if chunk is None else self.chunk)
+        self._where = address.where
         self._uplink = f"{self.prefix}.up"
         self._fanout = f"{self.prefix}.all"
         self._queue_prefix = f"{self.prefix}.c."
         self._liveness = liveness
         self._next_check = time.monotonic() + liveness
-        self._queues: dict[str, str] = {}  # member -> its session queue, bound to the fanout
-        self._bound = threading.Lock()  # held while the set of bound queues changes or is used
-        self._assembler = _Assembler(self.limits)
-        deadline = deadline_after(timeout)
-        conn = connect_blocking(address, deadline, f"tensorwire hub {self.prefix}")
-        try:
-            consuming = conn.channel()
-            try:
-                consuming.queue_declare(self._uplink, exclusive=True)
-            except px.ChannelClosedByBroker as exc:
-                raise TransportError(
-                    f"prefix {self.prefix!r} is in use by another hub on {address.where} "
-                    f"({exc.reply_text}); pick another prefix= in the URL"
-                ) from None
-            consuming.exchange_declare(self._fanout, "fanout")
-            consuming.basic_consume(self._uplink, self._on_uplink, auto_ack=True)
-            # Binds and liveness probes fail with a channel error when a client's queue is
-            # gone; they get their own channel so that never cancels the uplink consumer.
-            self._admin = conn.channel()
-        except BaseException:
-            _close_quietly(conn)
-            raise
-        self._pub = _Publisher(address, f"tensorwire hub {self.prefix} (send)", "hub")
-        self._consumer = _ConsumerThread(
-            conn, self._tick, self._broker_lost, f"tensorwire-amqp-hub-{self.prefix}"
+        self._peers: dict[str, _Peer] = {}  # members, by client id
+        self._lock = threading.Lock()  # guards _peers
+        self._unconsumed: dict[str, float] = {}  # member -> since when its queue has no consumer
+        self._inflow = _Inflow(self.limits)
+        self._pub = _Publisher(address, f"tensorwire hub {self.prefix} (send)", HUB)
+        self._consumer = _Consumer(
+            address,
+            f"hub {self.prefix}",
+            deadline_after(timeout),
+            setup=self._setup,
+            tick=self._tick,
+            on_lost=self._medium_lost,
+            on_back=self._medium_back,
+            on_gone=self._medium_gone,
         )
         self._consumer.start()
 
     # -- consumer thread --------------------------------------------------------------------
 
-    def _on_uplink(self, _ch: Any, _method: Any, props: Any, body: bytes) -> None:
-        now = time.perf_counter()
-        sender = _sender_of(props)
+    def _setup(self, conn: pika.BlockingConnection) -> None:
+        """Declare the uplink and the fanout exchange and consume the uplink (exclusively)."""
+        consuming = conn.channel()
         try:
-            whole = self._assembler.feed(body, now, sender)
-            if whole is None:
-                return
-            msg = self._decode_whole(*whole)
-        except WireError as exc:
-            self._rejected(sender, exc)
-            return
-        if msg.kind == "data":
-            if sender in self._queues:
-                self._delivered(sender, msg)
-            else:
-                log.warning("amqp: dropped a message from %r, which has not joined", sender)
-        elif msg.kind == "hello":
-            self._on_hello(sender, msg)
-        elif msg.kind == "bye":
-            self._forget(sender, msg.meta.get("queue"), "said goodbye")
-        else:
-            log.debug("amqp: ignoring %r message from %r", msg.kind, sender)
-
-    def _on_hello(self, sender: str, msg: Message) -> None:
-        try:
-            decoders, queue = _parse_hello(msg, sender, self._queue_prefix)
-        except TransportError as exc:
-            log.warning("amqp: refused a hello: %s", exc)
-            return
-        welcome = control_message(
-            "welcome", {"decoders": self.decoders, "version": PROTOCOL_VERSION}
-        )
-        with self._bound:
-            if not self._admin_op(lambda ch: ch.queue_bind(queue, self._fanout)):
-                log.info("amqp: %r's queue vanished before it joined", sender)
-                return
-            old = self._queues.get(sender)
-            if old is not None and old != queue:
-                log.info("amqp: client %r reconnected; its old queue leaves the fanout", sender)
-                self._admin_op(lambda ch: ch.queue_unbind(old, self._fanout))
-            self._queues[sender] = queue
-        # Joined before the welcome: once the client is connected, the hub knows its codecs
-        # (the client keeps whatever data overtakes the welcome).
-        self._joined(sender, decoders)
-        try:
-            self._pub.publish("", queue, welcome, self.chunk, deadline_after(BYE_TIMEOUT))
-        except TransportError as exc:  # its queue is gone: the liveness check will notice
-            log.warning("amqp: could not welcome %r: %s", sender, exc)
-
-    def _admin_op(self, op: Callable[[Any], Any]) -> bool:
-        """Run ``op(channel)`` on the admin channel; False if the broker refused (404: gone)."""
-        try:
-            op(self._admin)
-            return True
+            consuming.exchange_declare(self._fanout, "fanout", durable=True)
+            _declare_queue(consuming, self._uplink)
+            consuming.basic_qos(prefetch_count=PREFETCH)
+            consuming.basic_consume(self._uplink, self._on_uplink, exclusive=True)
         except px.ChannelClosedByBroker as exc:
-            log.debug("amqp: broker refused: %s", exc.reply_text)
-            self._admin = self._consumer.conn.channel()
-            return False
+            raise TransportError(
+                f"prefix {self.prefix!r} is in use by another hub on {self._where} "
+                f"({exc.reply_text}); pick another prefix= in the URL"
+            ) from None
+        self._admin = _Admin(conn)  # a refused bind or probe never cancels the uplink consumer
+        self._control = conn.channel()  # welcomes and refusals, confirmed
+        self._control.confirm_delivery()
 
-    def _forget(self, client_id: str, queue: Any, reason: str) -> None:
-        with self._bound:
-            if client_id not in self._queues or queue not in (None, self._queues[client_id]):
+    def _on_uplink(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        sender = _sender_of(props)
+        peer = None
+        try:
+            with self._lock:
+                peer = self._peers.get(sender)
+            if peer is None:
+                self._from_stranger(sender, body)
+            else:
+                self._from_member(sender, peer, body)
+        except (WireError, TransportError) as exc:
+            self._rejected(sender if peer is not None else _STRANGER, exc)
+        finally:
+            ch.basic_ack(method.delivery_tag)
+
+    def _from_stranger(self, sender: str, body: bytes) -> None:
+        """A sender without a session: read only a hello, of one chunk, under HELLO_LIMITS."""
+        head, payload = parse_chunk(body)
+        if head.count != 1 or head.total_length > HELLO_LIMITS.max_message_bytes:
+            raise ChunkError(
+                f"{sender!r} has not joined: only a hello of one chunk of at most "
+                f"{HELLO_LIMITS.max_message_bytes} bytes is read from it"
+            )
+        self._on_hello(sender, decode_message(payload, limits=HELLO_LIMITS), None)
+
+    def _from_member(self, sender: str, peer: _Peer, body: bytes) -> None:
+        whole = self._inflow.feed(body, time.perf_counter(), sender)
+        if whole is None:
+            return
+        msg = self._decode_whole(*whole)
+        if msg.kind == "hello":
+            self._on_hello(sender, msg, peer)
+            return
+        hello = peer.session.hello
+        assert hello is not None
+        if msg.kind == "bye" and msg.meta.get("session") != hello.session:
+            raise TransportError("a bye that names another session (stale or forged)")
+        event = peer.session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(sender, msg)
+        elif isinstance(event, Closed):
+            self._forget(sender, peer, event.reason)
+        else:
+            raise TransportError(event.reason)
+
+    def _on_hello(self, sender: str, msg: Message, peer: _Peer | None) -> None:
+        meta = msg.meta
+        current = None if peer is None else peer.session.hello
+        if peer is not None and current is not None and meta.get("session") == current.session:
+            # The same session again: the client reconnected to the broker or missed the
+            # welcome. Bind its recorded queue again (a broker that lost its state lost the
+            # binding too) and answer as before.
+            if self._admin.run(lambda ch: ch.queue_bind(peer.queue, self._fanout)):
+                _say(self._control, peer.queue, peer.session.welcome(), HUB)
+            return
+        queue = meta.get("queue")
+        ours = (
+            isinstance(queue, str)
+            and queue.startswith(f"{self._queue_prefix}{sender}.")
+            and len(queue.encode()) <= _MAX_NAME
+        )
+        session = HubSession(**self._session_options())
+        try:
+            session.receive(msg)  # version, fields, credential
+            if meta.get("client_id") != sender:
+                raise SessionRefused(
+                    f"hello names client {meta.get('client_id')!r} but came as {sender!r}"
+                )
+            if not ours:
+                raise SessionRefused(f"hello: queue {queue!r} is not one of this hub's for it")
+        except SessionRefused as exc:
+            if ours:
+                _say(self._control, queue, session.refusal(exc), HUB)
+            self._refused(sender, exc)
+            return
+        hello = session.hello
+        assert hello is not None
+        if not self._admin.run(lambda ch: ch.queue_bind(queue, self._fanout)):
+            log.info("amqp: %r's queue vanished before it joined", sender)
+            return
+        with self._lock:
+            old = self._peers.get(sender)
+            self._peers[sender] = _Peer(session, queue)
+        self._unconsumed.pop(sender, None)
+        if old is not None and old.queue != queue:
+            log.info("amqp: client %r reconnected; its old queue leaves the fanout", sender)
+            self._admin.run(lambda ch: ch.queue_unbind(old.queue, self._fanout))
+        # Joined before the welcome: once the client is connected, the hub knows its codecs
+        # (data that overtakes the welcome waits in the client's inbox).
+        self._joined(
+            sender, hello.decoders, session=session, max_message_bytes=hello.max_message_bytes
+        )
+        _say(self._control, queue, session.welcome(), HUB)
+
+    def _forget(self, client_id: str, peer: _Peer, reason: str, *, online: bool = True) -> None:
+        """``client_id`` left (if ``peer`` is still its session); its queue leaves the fanout."""
+        with self._lock:
+            if self._peers.get(client_id) is not peer:
                 return  # a session this hub has already replaced or dropped
-            del self._queues[client_id]
-        self._left(client_id, reason)
+            del self._peers[client_id]
+        self._unconsumed.pop(client_id, None)
+        if online:  # unconsumed and unbound, the broker deletes the queue after QUEUE_EXPIRES_MS
+            self._admin.run(lambda ch: ch.queue_unbind(peer.queue, self._fanout))
+        self._left(client_id, reason, session=peer.session)
 
     def _tick(self) -> None:
-        for sender, exc in self._assembler.expire(time.perf_counter()):
+        for sender, exc in self._inflow.expire(time.perf_counter()):
             self._rejected(str(sender), exc)
         self._pub.keepalive()
         if time.monotonic() >= self._next_check:
@@ -583,59 +834,78 @@ class AmqpHub(Hub):
             self._next_check = time.monotonic() + self._liveness
 
     def _check_liveness(self) -> None:
-        """Members whose queue the broker deleted (their connection dropped) have left."""
-        with self._bound:
-            queues = list(self._queues.items())
-        for cid, queue in queues:
-            if not self._admin_op(lambda ch, q=queue: ch.queue_declare(q, passive=True)):
-                self._forget(cid, queue, "its connection to the broker dropped")
+        """Members whose queue has had no consumer for LEAVE_GRACE seconds have left."""
+        with self._lock:
+            peers = list(self._peers.items())
+        for cid, peer in peers:
+            consumers = self._admin.consumers(peer.queue)
+            now = time.monotonic()
+            if consumers:
+                self._unconsumed.pop(cid, None)
+            elif now - self._unconsumed.setdefault(cid, now) >= LEAVE_GRACE:
+                self._forget(
+                    cid,
+                    peer,
+                    f"its connection to the broker dropped (its queue had no consumer for "
+                    f"{LEAVE_GRACE:g} s)",
+                )
 
-    def _broker_lost(self, exc: Exception) -> None:
-        with self._bound:
-            gone = list(self._queues)
-            self._queues.clear()
-        for cid in gone:
-            self._left(cid, f"the hub lost its broker connection: {exc!r}")
+    def _medium_lost(self, exc: Exception) -> None:
+        self._event("medium-lost", None, f"lost RabbitMQ at {self._where}: {exc!r}")
+
+    def _medium_back(self, down_s: float) -> None:
+        self._unconsumed.clear()  # members get LEAVE_GRACE from now to reconnect too
+        self._event("medium-back", None, f"RabbitMQ at {self._where} is back after {down_s:.1f} s")
+
+    def _medium_gone(self, exc: Exception) -> bool:
+        """No broker for OUTAGE_LIMIT seconds: the members have left; keep trying for new ones."""
+        with self._lock:
+            peers = list(self._peers.items())
+        for cid, peer in peers:
+            reason = f"RabbitMQ was unreachable for {OUTAGE_LIMIT:g} s ({exc})"
+            self._forget(cid, peer, reason, online=False)
+        return True
 
     # -- sending ----------------------------------------------------------------------------
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
-        queue = self._queues.get(client_id)
-        if queue is None:
+        with self._lock:
+            peer = self._peers.get(client_id)
+        if peer is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        self._pub.publish("", queue, enc, self.chunk, deadline)
+        self._pub.publish("", peer.queue, enc, self.chunk, deadline)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
         """One publish to the fanout exchange when ``clients`` are all members; else unicast."""
-        with self._bound:
-            if sorted(clients) == sorted(self._queues):
-                t = time.perf_counter()
-                try:
-                    self._pub.publish(self._fanout, "", enc, self.chunk, deadline)
-                except TransportError as exc:
-                    return dict.fromkeys(clients, exc)
-                wire_s = time.perf_counter() - t
-                return dict.fromkeys(clients, wire_s)
-        return super()._send_many(clients, enc, deadline)
+        with self._lock:
+            everyone = sorted(clients) == sorted(self._peers)
+        if not everyone:
+            return super()._send_many(clients, enc, deadline)
+        t = time.perf_counter()
+        try:
+            self._pub.publish(self._fanout, "", enc, self.chunk, deadline)
+        except TransportError as exc:
+            return dict.fromkeys(clients, exc)
+        return dict.fromkeys(clients, time.perf_counter() - t)
 
     def _close_transport(self) -> None:
-        with self._bound:
-            members = bool(self._queues)
-            self._queues.clear()
+        self._consumer.stop()
+        with self._lock:
+            peers = list(self._peers.values())
+            self._peers.clear()
+        deadline = deadline_after(BYE_TIMEOUT)
+        goodbye = bye("the hub is closing")
         with self._pub.lock:
-            with contextlib.suppress(TransportError):  # clients gone or broker gone: done anyway
-                if members:
-                    bye = control_message("bye", {})
-                    self._pub.publish_locked(
-                        self._fanout, "", bye, self.chunk, deadline_after(BYE_TIMEOUT)
-                    )
+            for peer in peers:
+                with contextlib.suppress(TransportError):  # gone, or the broker is: done anyway
+                    self._pub.publish_locked("", peer.queue, goodbye, CONTROL_CHUNK, deadline)
             with contextlib.suppress(TransportError, px.AMQPError):
                 ch = self._pub.channel(deadline_after(BYE_TIMEOUT))
+                ch.queue_delete(self._uplink)
                 ch.exchange_delete(self._fanout)
         self._pub.close()
-        self._consumer.stop()  # closing its connection deletes the exclusive uplink queue
 
 
 # -- channel ----------------------------------------------------------------------------------
@@ -673,160 +943,238 @@ class AmqpChannel(Channel):
         self._queue = ""
         if len(f"{self._address.prefix}.c.{self.client_id}.12345678".encode()) > _MAX_NAME:
             raise TransportError(f"client id {self.client_id!r} is too long for an AMQP queue name")
-        self._cond = threading.Condition()
-        self._inbox: deque[tuple[Any, float] | Exception] = deque()
-        self._early: deque[Message] = deque()  # data that overtook the welcome
-        self._consumer: _ConsumerThread | None = None
+        self._cond = threading.Condition()  # guards _answer
+        self._inbox = Inbox()
+        self._consumer: _Consumer | None = None
         self._pub: _Publisher | None = None
         self._closed = True
         self.reconnect(timeout)
 
     def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)join the hub under the same client id, with a fresh queue."""
+        """(Re)join the hub under the same client id, with a fresh session and queue."""
         if not self._closed:
             self._drop()
-        deadline = deadline_after(timeout)
+        old_queue = self._queue
         self._queue = f"{self._address.prefix}.c.{self.client_id}.{uuid.uuid4().hex[:8]}"
-        self._inbox.clear()
-        self._early.clear()
-        self._assembler = _Assembler(self.limits)
-        conn = connect_blocking(self._address, deadline, f"tensorwire {self.client_id}")
-        try:
-            ch = conn.channel()
-            ch.queue_declare(
-                self._queue, auto_delete=True, arguments={"x-expires": QUEUE_EXPIRES_MS}
-            )
-            ch.basic_consume(self._queue, self._on_delivery, auto_ack=True)
-        except BaseException:
-            _close_quietly(conn)
-            raise
-        self._consumer = _ConsumerThread(
-            conn, self._tick, self._push, f"tensorwire-amqp-{self.client_id}"
-        )
-        self._consumer.start()
+        self._inbox = Inbox()
+        self._inflow = _Inflow(self.limits)
+        self._session = self._client_session(f"the hub at {self.url}", queue=self._queue)
+        self._hello = self._session.hello()  # the same bytes every time it is said again
+        self._answer: Welcomed | Exception | None = None
+        self._rehello_at: float | None = None  # when to say hello again (after a reconnect)
+        self._hub_unconsumed: float | None = None
+        self._next_hub_check = 0.0
         self._pub = _Publisher(self._address, f"tensorwire {self.client_id} (send)", self.client_id)
         self._closed = False
         try:
-            self._say_hello(deadline, timeout)
-            self.hub_decoders = frozenset(self._welcome(deadline, timeout).meta.get("decoders", []))
+            welcome = dial(self._open, what=self.url, timeout=timeout)
         except BaseException:
-            self._drop()
+            self._discard()
             raise
+        self.hub_decoders = welcome.decoders
+        self.hub_max_bytes = welcome.max_message_bytes
+        if old_queue:
+            self._delete_queue(old_queue)
 
-    def _say_hello(self, deadline: float | None, timeout: float) -> None:
+    def _open(self, deadline: float | None) -> Welcomed:
+        """Consume our queue (once), say hello, and wait a while for the answer."""
         assert self._pub is not None
-        hello = control_message(
-            "hello",
-            {
-                "client_id": self.client_id,
-                "decoders": self.decoders,
-                "version": PROTOCOL_VERSION,
-                "queue": self._queue,
-            },
-        )
-        delay = 0.05
-        while True:
-            try:
-                self._pub.publish("", self._uplink, hello, self.chunk, deadline)
-                return
-            except PeerGone as exc:  # no uplink queue yet: the hub is not up
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise TransportTimeout(
-                        f"no hub at {self.url} within {timeout} s ({exc})"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-    def _welcome(self, deadline: float | None, timeout: float) -> Message:
-        while True:
-            buf, first = self._pop(deadline, f"the hub did not welcome us within {timeout} s")
-            msg = self._decode_whole(buf, first)
-            if msg.kind == "welcome":
-                return msg
-            if msg.kind != "data":
-                raise TransportError(f"hub at {self.url} answered {msg.kind!r}, not welcome")
-            self._early.append(msg)  # sent right after the hub counted us in
+        if self._consumer is None:
+            self._consumer = _Consumer(
+                self._address,
+                self.client_id,
+                deadline,
+                setup=self._setup,
+                tick=self._tick,
+                on_lost=self._medium_lost,
+                on_back=self._medium_back,
+                on_gone=self._medium_gone,
+            )
+            self._consumer.start()
+        self._pub.publish("", self._uplink, self._hello, CONTROL_CHUNK, deadline)
+        wait_until = min(time.monotonic() + HELLO_RETRY, deadline or float("inf"))
+        with self._cond:
+            while self._answer is None:
+                left = remaining(wait_until)
+                if left == 0.0:
+                    raise TransportTimeout(f"the hub at {self.url} has not answered the hello yet")
+                self._cond.wait(left)
+            answer = self._answer
+        if isinstance(answer, Exception):
+            self._answer = None
+            raise answer
+        return answer
 
     # -- consumer thread --------------------------------------------------------------------
 
-    def _on_delivery(self, _ch: Any, _method: Any, _props: Any, body: bytes) -> None:
-        try:
-            whole = self._assembler.feed(body, time.perf_counter(), "hub")
-        except WireError as exc:
-            self._push(exc)
-            return
-        if whole is not None:
-            self._push(whole)
+    def _setup(self, conn: pika.BlockingConnection) -> None:
+        """Declare our queue and consume it (exclusively: a stale connection cannot take
+        its messages)."""
+        ch = conn.channel()
+        _declare_queue(ch, self._queue)
+        ch.basic_qos(prefetch_count=PREFETCH)
+        ch.basic_consume(self._queue, self._on_delivery, exclusive=True)
+        self._admin = _Admin(conn)  # looks at the uplink
+        self._control = conn.channel()  # hellos said again, confirmed
+        self._control.confirm_delivery()
 
-    def _push(self, item: tuple[Any, float] | Exception) -> None:
-        if isinstance(item, Exception) and not isinstance(item, WireError):
-            item = PeerGone(f"lost the connection to RabbitMQ: {item!r}")
+    def _on_delivery(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        try:
+            self._take(method.exchange, props, body)
+        except (WireError, TransportError) as exc:
+            self._dropped(exc)
+        finally:
+            ch.basic_ack(method.delivery_tag)
+
+    def _take(self, exchange: str, props: Any, body: bytes) -> None:
+        sender = _sender_of(props)
+        if sender != HUB:
+            raise TransportError(f"a message headed {_CLIENT_HEADER}: {sender!r}, not the hub")
+        whole = self._inflow.feed(body, time.perf_counter(), HUB)
+        if whole is None:
+            return
+        buf, first = whole
+        if len(buf) < PREFIX_SIZE:
+            raise TruncatedMessage(f"{len(buf)} bytes is shorter than a message's prefix")
+        if parse_prefix(buf, self.limits).body_length:  # tensors: recv decodes into its `out`
+            self._inbox.put(whole)
+            return
+        msg = self._decode_whole(buf, first)
+        if msg.kind == "data":
+            self._inbox.put(msg)
+        elif exchange:
+            raise TransportError(
+                f"a {msg.kind!r} message through {exchange!r}: the hub sends those to our queue"
+            )
+        else:
+            self._on_session_message(msg)
+
+    def _on_session_message(self, msg: Message) -> None:
+        try:
+            event = self._session.receive(msg)
+        except TransportError as exc:  # refused, or answered with something else than welcome
+            self._answered(exc)
+            return
+        if isinstance(event, Welcomed):
+            self._answered(event)
+        elif isinstance(event, Closed):
+            self._inbox.fail(self._session.closed_error())
+        elif msg.kind == "welcome" and msg.meta.get("session") == self._session.session:
+            self._rehello_at = None  # the hub has us again after our reconnect
+        else:
+            log.debug("amqp: %s: %s", self.client_id, event)
+
+    def _answered(self, answer: Welcomed | Exception) -> None:
         with self._cond:
-            self._inbox.append(item)
+            self._answer = answer
             self._cond.notify_all()
 
+    def _dropped(self, exc: Exception) -> None:
+        _log_limited(
+            f"amqp dropped {self.client_id}",
+            f"amqp: {self.client_id}: dropped a message that is not the hub's: {exc}",
+        )
+
     def _tick(self) -> None:
-        for _, exc in self._assembler.expire(time.perf_counter()):
-            self._push(exc)
+        for _, exc in self._inflow.expire(time.perf_counter()):
+            self._dropped(exc)
         if self._pub is not None:
             self._pub.keepalive()
+        now = time.monotonic()
+        if self._rehello_at is not None and now >= self._rehello_at:
+            _say(self._control, self._uplink, self._hello, self.client_id)
+            self._rehello_at = now + HELLO_RETRY
+        open_ = self._session.state is State.OPEN and self._inbox.failed is None
+        if open_ and now >= self._next_hub_check:
+            self._check_hub(now)
+            self._next_hub_check = now + HUB_CHECK
+
+    def _check_hub(self, now: float) -> None:
+        """The hub is gone once nobody has consumed the uplink for HUB_GRACE seconds."""
+        if self._admin.consumers(self._uplink):
+            self._hub_unconsumed = None
+            return
+        if self._hub_unconsumed is None:
+            self._hub_unconsumed = now
+        elif now - self._hub_unconsumed >= HUB_GRACE:
+            self._inbox.fail(
+                PeerGone(
+                    f"the hub at {self.url} is gone: nobody consumed its queue for {HUB_GRACE:g} s"
+                )
+            )
+
+    def _medium_lost(self, exc: Exception) -> None:
+        self._hub_unconsumed = None
+
+    def _medium_back(self, down_s: float) -> None:
+        self._hub_unconsumed = None
+        if self._session.state is State.OPEN:
+            self._rehello_at = time.monotonic()  # the hub may have lost track of us meanwhile
+
+    def _medium_gone(self, exc: Exception) -> bool:
+        self._inbox.fail(PeerGone(f"lost RabbitMQ for {OUTAGE_LIMIT:g} s: {exc}"))
+        return False
 
     # -- user threads -----------------------------------------------------------------------
 
-    def _pop(self, deadline: float | None, what: str) -> tuple[Any, float]:
-        with self._cond:
-            while not self._inbox:
-                left = remaining(deadline)
-                if left == 0.0:
-                    raise TransportTimeout(what)
-                if self._closed:
-                    raise PeerGone("channel is closed; call reconnect()")
-                self._cond.wait(left)
-            item = self._inbox.popleft()
-        if isinstance(item, Exception):
-            if isinstance(item, PeerGone):
-                self._drop()
-            raise item
-        return item
-
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
-        if self._early:
-            return self._early.popleft()
+        if self._closed:
+            raise PeerGone("channel is closed; call reconnect()")
         while True:
-            buf, first = self._pop(deadline, "no message from the hub in time")
-            msg = self._decode_whole(buf, first, out)
+            item = self._inbox.get(deadline)
+            if isinstance(item, Message):
+                return item
+            try:
+                msg = self._decode_whole(*item, out)
+            except WireError as exc:
+                self._dropped(exc)
+                continue
             if msg.kind == "data":
                 return msg
-            if msg.kind == "bye":
-                self._drop()
-                raise PeerGone(f"hub at {self.url} closed the session")
+            self._dropped(TransportError(f"a {msg.kind!r} message with tensors"))
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         if self._closed or self._pub is None:
             raise PeerGone("channel is closed; call reconnect()")
+        if self._inbox.failed is not None:
+            raise PeerGone(str(self._inbox.failed))
         self._pub.publish("", self._uplink, enc, self.chunk, deadline)
 
+    def _delete_queue(self, queue: str) -> None:
+        """Delete one of our queues, if the broker answers within BYE_TIMEOUT."""
+        assert self._pub is not None
+        with self._pub.lock, contextlib.suppress(TransportError, px.AMQPError):
+            self._pub.channel(deadline_after(BYE_TIMEOUT)).queue_delete(queue)
+
     def _drop(self) -> None:
-        """Close both connections without a goodbye (the broker then deletes our queue)."""
+        """Close both connections without a goodbye (the hub notices our queue goes unread)."""
         self._closed = True
+        self._inbox.fail(PeerGone("channel is closed; call reconnect()"))
         if self._consumer is not None:
             self._consumer.stop()
+            self._consumer = None
         if self._pub is not None:
             self._pub.close()
-        with self._cond:
-            self._cond.notify_all()
+
+    def _discard(self) -> None:
+        """Stop consuming, delete our queue and close, without a goodbye."""
+        consuming = self._consumer is not None
+        if self._consumer is not None:
+            self._consumer.stop()
+            self._consumer = None
+        if consuming:
+            self._delete_queue(self._queue)
+        self._drop()
 
     def close(self) -> None:
-        """Say goodbye to the hub and close both connections."""
+        """Say goodbye to the hub, delete our queue and close both connections."""
         if self._closed:
             return
         assert self._pub is not None
-        with contextlib.suppress(TransportError):  # hub or broker gone: nobody to tell
-            self._pub.publish(
-                "",
-                self._uplink,
-                control_message("bye", {"queue": self._queue}),
-                self.chunk,
-                deadline_after(BYE_TIMEOUT),
-            )
-        self._drop()
+        if self._session.state is State.OPEN and self._inbox.failed is None:
+            goodbye = encode_message(None, {"session": self._session.session}, kind="bye")
+            with contextlib.suppress(TransportError):  # hub or broker gone: nobody to tell
+                self._pub.publish(
+                    "", self._uplink, goodbye, CONTROL_CHUNK, deadline_after(BYE_TIMEOUT)
+                )
+        self._discard()

@@ -4,9 +4,11 @@ A private node is its own Erlang node (``tensorwire-PID-XXXX@localhost``, never 
 ``rabbit@...``) with its own AMQP and distribution ports (free ones), its own epmd on a free
 port, and every file it writes in one temporary directory: database, logs, config, the
 enabled-plugins list (empty) and the Erlang cookie (``HOME`` points there). It listens on
-127.0.0.1 only and lets the URL's user in. ``stop()`` asks the node to stop
-(``rabbitmqctl stop``), kills what is left of its process group, ends its epmd and removes the
-directory. With a ``command_prefix`` (e.g. ``ip netns exec NS``) the node, its epmd and
+127.0.0.1 only and lets the URL's user in. ``stop()`` asks the node to stop (SIGTERM, as
+``rabbitmqctl stop`` does), kills what is left of its process group, ends its epmd and removes the
+directory; ``restart(down_s)`` stops the node and starts it again on the same port, node
+name and directory, so its durable queues and persistent messages come back. With a
+``command_prefix`` (e.g. ``ip netns exec NS``) the node, its epmd and
 ``rabbitmqctl`` run behind it, in a testbed's server namespace, and it is probed from there;
 ``bind`` is the address its AMQP listener takes. pika is imported only to probe a broker.
 """
@@ -20,6 +22,8 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +37,7 @@ INSTALL_HINT = "apt-get install rabbitmq-server (Debian/Ubuntu), dnf install rab
 # Debian's /usr/sbin/rabbitmq-server is a wrapper that switches to user "rabbitmq" (and its
 # cookie and home): the scripts it wraps, in /usr/lib/rabbitmq/bin, run as we are.
 _SEARCH = ("/usr/lib/rabbitmq/bin", "/usr/lib/rabbitmq/sbin", "/usr/sbin", "/usr/local/sbin")
-STOP_TIMEOUT = 30.0  # seconds for ``rabbitmqctl stop`` and for the node to exit after it
+STOP_TIMEOUT = 30.0  # seconds for the node to stop after SIGTERM before it is killed
 
 
 def rabbitmq_answers(url: str, timeout: float = 2.0) -> bool:
@@ -125,6 +129,8 @@ class RabbitMQBroker:
         self.dir: Path | None = None
         self._env: dict[str, str] = {}
         self._ctl: Path | None = None
+        self._server: Path | None = None
+        self._lock = threading.Lock()  # restart() and stop() one at a time
         self._proc: subprocess.Popen[bytes] | None = None
         self._epmd: subprocess.Popen[bytes] | None = None
 
@@ -194,6 +200,7 @@ class RabbitMQBroker:
     def start(self) -> RabbitMQBroker:
         """Start the node and wait until it accepts AMQP; raise with its log if it does not."""
         server = find_rabbitmq(self.binary)
+        self._server = server
         self._ctl = server.with_name("rabbitmqctl")
         epmd = shutil.which("epmd", path=f"{os.environ.get('PATH', '')}:/usr/lib/erlang/bin")
         if epmd is None:
@@ -207,8 +214,7 @@ class RabbitMQBroker:
         (self.dir / "rabbitmq.conf").write_text(self._config())
         epmd_port = _free_port("127.0.0.1")
         self._env = self._environment(epmd_port)
-        log = self.dir / "startup.log"
-        with open(log, "wb") as out:
+        with open(self.dir / "startup.log", "wb") as out:
             # Our own epmd in the foreground, so it is ours to end (a node would start a daemon).
             self._epmd = subprocess.Popen(
                 [*self.command_prefix, epmd, "-port", str(epmd_port), "-address", "127.0.0.1"],
@@ -216,8 +222,16 @@ class RabbitMQBroker:
                 stderr=subprocess.STDOUT,
                 env=self._env,
             )
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
+        """Run the node on the prepared directory and environment; wait until it answers."""
+        assert self.dir is not None and self._server is not None
+        log = self.dir / "startup.log"
+        with open(log, "ab") as out:
             self._proc = subprocess.Popen(
-                [*self.command_prefix, str(server)],
+                [*self.command_prefix, str(self._server)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
@@ -229,35 +243,51 @@ class RabbitMQBroker:
         ):
             running = self._proc.poll() is None
             log_tail = log.read_text(errors="replace")[-3000:]
-            self.stop()
+            self._teardown()
             error = TransportTimeout if running else TransportError
             raise error(
                 f"RabbitMQ node {self.node} on {self.host}:{self.port} did not start"
                 f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
                 f"its log:\n{log_tail}"
             )
-        return self
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the node, stay down ``down_s`` seconds, then start it again on the same port,
+        node name and data directory (durable queues and persistent messages survive)."""
+        with self._lock:
+            if self.dir is None:
+                raise TransportError("the broker is not running: start() it first")
+            self._halt()
+            time.sleep(down_s)
+            self._launch()
+
+    def _halt(self) -> None:
+        """Stop the node and wait until it is gone, keeping its directory and epmd.
+
+        SIGTERM to the foreground ``rabbitmq-server`` script makes the node stop as
+        ``rabbitmqctl stop`` does (connections closed, queues synced), without the second or
+        two that command's own Erlang VM takes to start; what is left is killed.
+        """
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # killed just below
+            proc.wait(timeout=STOP_TIMEOUT)
+        # Its helpers (erl_child_setup, inet_gethost) share its group; they may outlive it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
     def stop(self) -> None:
-        """Stop the node (``rabbitmqctl stop``, then kill), end its epmd, remove its directory."""
-        if self._proc is not None:
-            if self._proc.poll() is None and self._ctl is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                    subprocess.run(
-                        [*self.command_prefix, str(self._ctl), "-n", self.node, "stop"],
-                        env=self._env,
-                        capture_output=True,
-                        timeout=STOP_TIMEOUT,
-                        check=False,
-                    )
-            with contextlib.suppress(subprocess.TimeoutExpired):  # killed just below
-                self._proc.wait(timeout=STOP_TIMEOUT)
-            # Its helpers (erl_child_setup, inet_gethost) share its group; they may outlive it.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-            self._proc = None
+        """Stop the node (SIGTERM, then kill), end its epmd, remove its directory."""
+        with self._lock:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self._halt()
         if self._epmd is not None:
             self._epmd.terminate()
             try:
