@@ -1,8 +1,9 @@
-"""tensorwire.transports.brokers.mosquitto: probe, private broker lifecycle (restarts, persistence
-included), ensure_mosquitto."""
+"""tensorwire.transports.brokers.mosquitto: probe (in clear and over TLS), private broker lifecycle
+(restarts, persistence, TLS listeners and users included), ensure_mosquitto."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -12,13 +13,14 @@ import numpy as np
 import pytest
 
 import tensorwire
-from tensorwire.errors import MissingDependency, TransportError
+from tensorwire.errors import AuthenticationError, MissingDependency, TransportError
 from tensorwire.transports.brokers.mosquitto import (
     MosquittoBroker,
     ensure_mosquitto,
     find_mosquitto,
     mosquitto_answers,
 )
+from tensorwire.transports.security import TLS
 
 T = 20.0
 
@@ -163,3 +165,106 @@ def test_a_persistent_broker_restarts_on_its_port_and_directory_and_keeps_sessio
         sub.loop_stop()
     assert got == [b"queued while away"] and present[-1] is True
     assert not directory.exists()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"), hosts=["127.0.0.1"], clients=["dev1"])
+
+
+def _tls(certs) -> TLS:
+    return TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+
+
+def test_a_tls_broker_with_users_serves_mqtts_and_refuses_strangers(certs):
+    pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+    users = {"alice": "s3c:ret@", "bob": "other"}
+    with MosquittoBroker(tls=_tls(certs), users=users) as broker:
+        assert broker.dir is not None
+        conf = (broker.dir / "mosquitto.conf").read_text()
+        for line in (
+            f"listener {broker.port} 127.0.0.1",
+            f"certfile {certs.hub_cert}",
+            f"keyfile {certs.hub_key}",
+            f"cafile {certs.ca}",
+            "tls_version tlsv1.3",
+            "require_certificate false",
+            "allow_anonymous false",
+            f"password_file {broker.dir / 'passwd'}",
+        ):
+            assert line in conf
+        passwd = broker.dir / "passwd"
+        assert passwd.stat().st_mode & 0o077 == 0 and "s3c:ret@" not in passwd.read_text()
+        assert broker.url("p") == f"mqtts://127.0.0.1:{broker.port}/p"
+        url = broker.url("p", user="alice")
+        assert url == f"mqtts://alice:s3c%3Aret%40@127.0.0.1:{broker.port}/p"
+        with pytest.raises(TransportError, match="not a user"):
+            broker.url("p", user="carol")
+        assert mosquitto_answers("127.0.0.1", broker.port)  # over TLS, refused or not
+        with pytest.raises(AuthenticationError, match="user and password"):
+            tensorwire.serve(url.replace("s3c%3Aret%40", "wrong"), tls=TLS(ca=certs.ca))
+        with (
+            tensorwire.serve(url, tls=TLS(ca=certs.ca)) as hub,
+            tensorwire.connect(hub.url, client_id="c", tls=TLS(ca=certs.ca), timeout=T) as ch,
+        ):
+            hub.wait_for(1, timeout=T)
+            ch.send({"v": np.arange(3)})
+            assert hub.recv(timeout=T)[0] == "c"
+
+
+def test_without_mosquitto_passwd_the_password_file_is_hashed_the_same_way(certs, monkeypatch):
+    pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+    from tensorwire.transports.brokers import mosquitto
+
+    monkeypatch.setattr(mosquitto, "find_mosquitto_passwd", lambda: None)
+    with MosquittoBroker(users={"alice": "pw"}) as broker:
+        assert broker.dir is not None
+        assert (broker.dir / "passwd").read_text().startswith("alice:$7$101$")
+        url = broker.url("p", user="alice")
+        with tensorwire.serve(url) as hub, tensorwire.connect(url, client_id="c", timeout=T):
+            hub.wait_for(1, timeout=T)
+        with pytest.raises(AuthenticationError):
+            tensorwire.serve(url.replace(":pw@", ":no@"))
+
+
+def test_a_broker_that_requires_client_certificates(certs):
+    pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+    dev = certs.devices["dev1"]
+    device_tls = TLS(cert=dev["cert"], key=dev["key"], ca=certs.ca)
+    with pytest.raises(TransportError, match="ca="):
+        MosquittoBroker(tls=TLS(cert=certs.hub_cert, key=certs.hub_key), require_certificate=True)
+    with MosquittoBroker(tls=_tls(certs), require_certificate=True) as broker:
+        assert mosquitto_answers("127.0.0.1", broker.port)
+        assert "require_certificate true" in (broker.dir / "mosquitto.conf").read_text()
+        with pytest.raises(TransportError):  # no certificate: the broker hangs up
+            tensorwire.serve(broker.url("p"), tls=TLS(ca=certs.ca), timeout=2)
+        with (
+            tensorwire.serve(broker.url("p"), tls=device_tls) as hub,
+            tensorwire.connect(hub.url, client_id="c", tls=device_tls, timeout=T),
+        ):
+            hub.wait_for(1, timeout=T)
+
+
+def test_the_probe_tells_a_tls_broker_from_a_tls_server_that_is_not_one(certs):
+    import ssl
+
+    ctx = TLS(cert=certs.hub_cert, key=certs.hub_key).server_context()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def talk_https() -> None:
+            for _ in range(2):  # the probe tries in clear, then over TLS
+                conn, _ = server.accept()
+                with (
+                    contextlib.suppress(OSError, ssl.SSLError),
+                    ctx.wrap_socket(conn, server_side=True) as tls,
+                ):
+                    tls.recv(100)
+                    tls.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        t = threading.Thread(target=talk_https)
+        t.start()
+        assert not mosquitto_answers("127.0.0.1", server.getsockname()[1], timeout=2)
+        t.join(T)

@@ -1,4 +1,5 @@
-"""``mqtt://[user:pass@]host:port/prefix?qos=1&chunk=1048576``: tensors through an MQTT 5 broker.
+"""``mqtt://[user:pass@]host:port/prefix?qos=1&chunk=1048576``: tensors through an MQTT 5 broker
+(``mqtts://``, or ``tls=``: over TLS to the broker).
 
 ``docs/transports/mqtt.md`` specifies the mapping. Every payload published is one chunk
 (``tensorwire.wire.iter_chunks``) of a tensorwire message, cut under the broker's maximum
@@ -27,6 +28,13 @@ time to say hello again, because Mosquitto sends every will when it shuts down.
 Publishing waits for the broker's acknowledgement of each chunk (PUBACK at QoS 1, PUBCOMP at
 QoS 2; the socket write at QoS 0), a window of them in flight, so a send returns when the broker
 holds the whole message. Each paho client runs its network loop in its own thread.
+
+Security: TLS protects each link to the broker, the broker's user name and password admit the
+link, and the session's hello proves the device's secret to the hub. Any other user of the
+broker can still publish on these topics, so a session with a key seals every payload after the
+welcome with a MAC trailer (``security.seal``; one entry per member on a broadcast) that the
+receiver checks before it reassembles anything; a client's will, and a bye before its welcome,
+are sealed with a key both sides derive from the secret and the session id (``_will_key``).
 """
 
 from __future__ import annotations
@@ -34,16 +42,20 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import hashlib
+import hmac
+import itertools
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
 import paho.mqtt.client as paho
@@ -52,7 +64,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tensorwire.codecs import get_codec
-from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
+from tensorwire.errors import (
+    AuthenticationError,
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
 from tensorwire.transports.base import (
     Channel,
     Hub,
@@ -63,18 +82,26 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
+from tensorwire.transports.security import (
+    TLS,
+    KeyAuthenticator,
+    Keys,
+    ReplayWindow,
+    seal,
+    unseal,
+)
 from tensorwire.transports.session import (
     HELLO_LIMITS,
-    ClientSession,
     Closed,
     Data,
+    Hello,
     HubSession,
     Joined,
     State,
     Welcomed,
     bye,
 )
-from tensorwire.transports.url import host_port
+from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import (
     CHUNK_HEADER_SIZE,
     PREFIX_SIZE,
@@ -93,6 +120,7 @@ from tensorwire.wire import (
 log = logging.getLogger("tensorwire.transports.mqtt")
 
 DEFAULT_PORT = 1883
+DEFAULT_TLS_PORT = 8883  # mqtts://, or tls= without a port in the URL
 DEFAULT_PREFIX = "tensorwire"
 # Publish payload size, bytes. Through Mosquitto on loopback, 256 KiB to 4 MiB chunks move a
 # 72 MB tensor alike; 16 MiB ones take ~1.5x as long and one 72 MB packet ~4x, because paho
@@ -127,13 +155,28 @@ MAX_OUTAGE_S = SESSION_EXPIRY_S  # a send without deadline gives up on a broker 
 # Covers the longest reconnect backoff plus a hello's round trip, with room for a busy host.
 WILL_GRACE_S = 8.0
 TICK_S = 0.5  # how often partial messages are expired and graces checked
+# Bytes of the hub's payloads a client with a secret holds before the welcome that lets it check
+# them (data sent from on_join may overtake the welcome: MQTT orders one topic, not two).
+EARLY_BYTES = 64 << 20
 _CONTROL_BYTES = PREFIX_SIZE + HELLO_LIMITS.max_header_bytes + HELLO_LIMITS.max_message_bytes
 _NO_ENTRY = (134, 135)  # CONNACK reasons "bad user name or password", "not authorized"
+_HUB = b"hub"  # the sender the hub's MACs name (docs/security.md)
+_WILL_LABEL = b"tensorwire mqtt will key v2"
+
+
+def _redacted(url: str) -> str:
+    """``url`` with its password (if it names one) shown as ``***``, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 @dataclass(frozen=True)
 class MqttSettings:
-    """What an ``mqtt://`` URL names: broker address, credentials, topic prefix, QoS, chunk size."""
+    """What an ``mqtt://`` URL names: broker address, credentials, topic prefix, QoS, chunk
+    size, and whether the link runs TLS (``mqtts://``)."""
 
     host: str
     port: int
@@ -142,20 +185,21 @@ class MqttSettings:
     prefix: str
     qos: int
     chunk_bytes: int  # most bytes per published payload, chunk header included
+    tls: bool = False
 
     @classmethod
     def from_url(
-        cls, url: str, qos: int | None = None, chunk_bytes: int | None = None
+        cls, url: str, qos: int | None = None, chunk_bytes: int | None = None, tls: bool = False
     ) -> MqttSettings:
-        """Read ``url``; ``qos`` / ``chunk_bytes``, when given, override its query."""
+        """Read ``url``; ``qos`` / ``chunk_bytes``, when given, override its query; ``tls``
+        (TLS settings were given) makes an ``mqtt://`` URL's link TLS too."""
         parts = urlsplit(url)
-        if parts.scheme != "mqtt":
-            raise TransportError(f"{url!r} is not an mqtt:// URL")
-        host, port = host_port(url, default_port=DEFAULT_PORT)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        unknown = set(query) - {"qos", "chunk"}
-        if unknown:
-            raise TransportError(f"{url!r}: unknown options {sorted(unknown)}; known: qos, chunk")
+        url = _redacted(url)  # for messages: the password stays out of them
+        if parts.scheme not in ("mqtt", "mqtts"):
+            raise TransportError(f"{url!r} is not an mqtt:// or mqtts:// URL")
+        tls = tls or parts.scheme == "mqtts"
+        host, port = host_port(url, default_port=DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
+        query = query_options(url, ("qos", "chunk"))
         try:
             qos = int(query.get("qos", 1)) if qos is None else qos
             chunk_bytes = (
@@ -178,6 +222,7 @@ class MqttSettings:
             prefix=prefix,
             qos=qos,
             chunk_bytes=chunk_bytes,
+            tls=tls,
         )
 
     def up(self, client_id: str, session: str) -> str:
@@ -203,6 +248,92 @@ def _one_chunk(enc: EncodedMessage) -> bytes:
     """A small message as the one chunk that carries it, under a fresh message id (a receiver
     drops a chunk whose id it has completed, so each publish of a control message needs one)."""
     return b"".join(next(iter_chunks(enc.frames(), new_message_id(), max(enc.nbytes, 1))))
+
+
+class _Sealer:
+    """Seals the payloads one sender publishes for the receivers' session ``keys``: the MAC
+    trailer of docs/security.md, under the sender's next number from ``counter``."""
+
+    def __init__(self, keys: list[bytes], sender: bytes, counter: Iterator[int]) -> None:
+        self.keys = keys
+        self.sender = sender
+        self.counter = counter
+
+    @functools.cached_property
+    def size(self) -> int:
+        """Bytes the trailer adds to every payload."""
+        return len(seal((), 0, self.keys, self.sender))
+
+    def __call__(self, parts: Sequence[Any]) -> bytes:
+        """The trailer for the payload made of ``parts`` (buffers)."""
+        return seal(parts, next(self.counter), self.keys, self.sender)
+
+
+def _sealed_chunk(enc: EncodedMessage, sealer: _Sealer | None) -> bytes:
+    """A small message as one chunk (:func:`_one_chunk`), sealed when there is a sealer."""
+    chunk = _one_chunk(enc)
+    return chunk if sealer is None else chunk + sealer([chunk])
+
+
+def _unsealed(
+    payload: bytes, key: bytes, sender: bytes, window: ReplayWindow, dup: bool
+) -> memoryview | None:
+    """The chunk a sealed payload from ``sender`` carries, once its MAC and sequence number
+    are checked; :class:`AuthenticationError` if it is missing, forged, altered or replayed.
+
+    None for a duplicate delivery: the broker sends a payload again with the DUP flag when
+    our acknowledgement may have been lost, which no other user of the broker can make it do,
+    so an authentic payload seen before that comes so is dropped silently, not as an attack.
+    """
+    view = memoryview(payload)
+    try:
+        return unseal(view, key, sender, window)
+    except AuthenticationError as exc:
+        if dup:
+            with contextlib.suppress(AuthenticationError):
+                unseal(view, key, sender, ReplayWindow())  # authentic, so refused as a repeat
+                return None
+        raise exc
+
+
+def _will_key(secret: bytes, client_id: str, session: str) -> bytes:
+    """The key of a session's wills and of a client's bye before its welcome (32 bytes): both
+    sides derive it from the client's secret and the session id, which the will needs at
+    CONNECT, before the hub's nonce and with it the session key exist."""
+    message = b"\0".join([_WILL_LABEL, client_id.encode(), session.encode()])
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def _repeats(payload: bytes, message: bytes) -> bool:
+    """Whether ``payload`` is the whole of ``message`` in one chunk, under any message id."""
+    if not message or len(payload) != CHUNK_HEADER_SIZE + len(message):
+        return False
+    try:
+        head, body = parse_chunk(payload)
+    except WireError:
+        return False
+    return head.count == 1 and body == message
+
+
+class _ServerNamed:
+    """An SSL context that checks the broker's certificate for ``name`` (``TLS.server_name``)
+    rather than for the host paho dials, which paho passes to ``wrap_socket``."""
+
+    def __init__(self, context: ssl.SSLContext, name: str) -> None:
+        self._context = context
+        self._name = name
+
+    @property
+    def check_hostname(self) -> bool:
+        return self._context.check_hostname
+
+    def wrap_socket(self, sock: socket.socket, server_hostname: Any = None, **kw: Any) -> Any:
+        return self._context.wrap_socket(sock, server_hostname=self._name, **kw)
+
+
+def _link_tls(settings: MqttSettings, tls: TLS | None) -> TLS | None:
+    """The TLS a link runs: the settings given, else the system's CAs for an ``mqtts`` URL."""
+    return tls if tls is not None or not settings.tls else TLS()
 
 
 def _will(reason: str) -> EncodedMessage:
@@ -277,23 +408,27 @@ class _Link:
 
     It keeps one MQTT session (clean start off, ``SESSION_EXPIRY_S``): after a loss paho
     reconnects with backoff and sends again what the broker had not acknowledged, and if the
-    broker lost the session the link subscribes again. ``on_message(topic, payload)``,
-    ``on_lost(detail)`` and ``on_back(detail, kept)`` (``kept``: the broker still had our
-    session) are called from the network thread and must not wait on it.
+    broker lost the session the link subscribes again. ``tls`` makes it TLS to the broker.
+    ``will()`` gives the topic and payload of the will for each connection.
+    ``on_message(topic, payload, dup)`` (``dup``: the broker's redelivery), ``on_lost(detail)``
+    and ``on_back(detail, kept)`` (``kept``: the broker still had our session) are called from
+    the network thread and must not wait on it.
     """
 
     def __init__(
         self,
         settings: MqttSettings,
         *,
-        will: tuple[str, EncodedMessage],
+        tls: TLS | None,
+        will: Callable[[], tuple[str, bytes]],
         subscriptions: Sequence[str],
-        on_message: Callable[[str, bytes], None],
+        on_message: Callable[[str, bytes, bool], None],
         on_lost: Callable[[str], None],
         on_back: Callable[[str, bool], None],
     ) -> None:
         self.settings = settings
         self.address = f"{settings.host}:{settings.port}"
+        self.tls = tls
         self.max_packet = MQTT_MAX_PACKET
         self.up = False  # connected now
         self._will = will
@@ -303,6 +438,7 @@ class _Link:
         self._on_back = on_back
         self._cond = threading.Condition()
         self._connack: Any = None  # the first CONNACK's reason code, once it came
+        self._unanswered = 0  # connections the broker ended before its first CONNACK
         self._subacks: dict[int, list[Any] | None] = {}  # awaited SUBACKs: None until it came
         self._closing = False
         self._down_since: float | None = None  # monotonic, while the connection is lost
@@ -317,6 +453,10 @@ class _Link:
         client.reconnect_delay_set(*RECONNECT_DELAY_S)
         if settings.username is not None:
             client.username_pw_set(settings.username, settings.password)
+        if tls is not None:
+            context = tls.client_context()
+            named = context if tls.server_name is None else _ServerNamed(context, tls.server_name)
+            client.tls_set_context(named)
         client.on_socket_open = _no_delay
         client.on_connect = self._connected
         client.on_disconnect = self._disconnected
@@ -326,14 +466,16 @@ class _Link:
         self._arm_will()
 
     def _arm_will(self) -> None:
-        """Set the will for the next connection, under a fresh message id."""
-        topic, enc = self._will
-        self._client.will_set(topic, _one_chunk(enc), qos=self.settings.qos)
+        """Set the will for the next connection (a fresh payload each time)."""
+        topic, payload = self._will()
+        self._client.will_set(topic, payload, qos=self.settings.qos)
 
     # -- network thread ---------------------------------------------------------------
 
     def _received(self, _c: Any, _u: Any, msg: paho.MQTTMessage) -> None:
-        _run_safely(lambda: self._on_message(msg.topic, msg.payload), "handling a message")
+        _run_safely(
+            lambda: self._on_message(msg.topic, msg.payload, bool(msg.dup)), "handling a message"
+        )
 
     def _connected(self, client: Any, _u: Any, flags: Any, reason: Any, props: Any) -> None:
         if reason.is_failure:
@@ -377,6 +519,7 @@ class _Link:
             if self._closing:
                 return
             was_up, self.up = self.up, False
+            self._unanswered += self._connack is None
             if self._down_since is None:
                 self._down_since = time.monotonic()
             self._cond.notify_all()
@@ -401,14 +544,25 @@ class _Link:
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = SESSION_EXPIRY_S
         s = self.settings
+
+        def attempt(_deadline: float | None) -> Any:
+            try:
+                # clean_start=False from the first connect: Mosquitto saves no session that
+                # began clean; the client id is fresh, so there is nothing stale to resume.
+                return self._client.connect(
+                    s.host, s.port, KEEPALIVE_S, clean_start=False, properties=props
+                )
+            except ssl.SSLCertVerificationError as exc:  # final: retrying will not change it
+                raise AuthenticationError(
+                    f"the broker at {self.address} has a certificate this side does not trust "
+                    f"({exc.verify_message}): give tls=TLS(ca=...) the CA that signed it, and "
+                    "servername= the name it carries if that is not the URL's host"
+                ) from None
+
         dial(
-            # clean_start=False from the first connect: Mosquitto saves no session that began
-            # clean; the client id is fresh, so there is nothing stale to resume.
-            lambda _deadline: self._client.connect(
-                s.host, s.port, KEEPALIVE_S, clean_start=False, properties=props
-            ),
-            what=f"an MQTT broker at {self.address} (start one: apt-get install mosquitto, or "
-            "use tensorwire.transports.brokers.ensure_mosquitto)",
+            attempt,
+            what=f"an MQTT broker{' with TLS' if self.tls else ''} at {self.address} (start one: "
+            "apt-get install mosquitto, or use tensorwire.transports.brokers.ensure_mosquitto)",
             timeout=remaining(deadline),
         )
         self._client.loop_start()
@@ -417,15 +571,23 @@ class _Link:
                 self._cond.wait_for(lambda: self._connack is not None, remaining(deadline))
                 reason = self._connack
             if reason is None:
+                hint = ""
+                if self._unanswered:  # as a TLS listener does with MQTT in clear, and back
+                    hint = (
+                        f": it ended {self._unanswered} connections unanswered (is its port for "
+                        f"{'MQTT in clear' if self.tls else 'TLS: use mqtts:// or tls='}?)"
+                    )
                 raise TransportTimeout(
-                    f"the broker at {self.address} did not accept in {timeout} s"
+                    f"the broker at {self.address} did not accept in {timeout} s{hint}"
+                )
+            if reason.is_failure and reason.value in _NO_ENTRY:
+                raise AuthenticationError(
+                    f"the broker at {self.address} refused the connection: {reason} (check "
+                    "the user and password in the URL)"
                 )
             if reason.is_failure:
-                hint = (
-                    " (check the user and password in the URL)" if reason.value in _NO_ENTRY else ""
-                )
                 raise TransportError(
-                    f"the broker at {self.address} refused the connection: {reason}{hint}"
+                    f"the broker at {self.address} refused the connection: {reason}"
                 )
             self._subscribe(deadline)
         except BaseException:
@@ -457,10 +619,11 @@ class _Link:
                 f"the broker at {self.address} refused subscriptions to {refused}: {codes}"
             )
 
-    def chunk_payload(self, topic: str, total: int) -> int:
-        """Message bytes per chunk on ``topic`` for a message of ``total`` bytes."""
+    def chunk_payload(self, topic: str, total: int, trailer: int = 0) -> int:
+        """Message bytes per chunk on ``topic`` for a message of ``total`` bytes, each payload
+        ``trailer`` bytes longer than its chunk (a MAC trailer)."""
         # fixed header 5, topic 2 + len, packet id 2, properties length 1; rounded up
-        most = self.max_packet - 16 - len(topic.encode()) - CHUNK_HEADER_SIZE
+        most = self.max_packet - 16 - len(topic.encode()) - CHUNK_HEADER_SIZE - trailer
         wanted = max(
             self.settings.chunk_bytes - CHUNK_HEADER_SIZE, -(-total // MAX_CHUNKS_PER_MESSAGE)
         )
@@ -470,15 +633,21 @@ class _Link:
             )
         return min(wanted, most)
 
-    def publish(self, topic: str, enc: EncodedMessage, deadline: float | None) -> None:
-        """Publish a message as chunks; return when the broker acknowledged them all."""
+    def publish(
+        self,
+        topic: str,
+        enc: EncodedMessage,
+        deadline: float | None,
+        sealer: _Sealer | None = None,
+    ) -> None:
+        """Publish a message as chunks, each sealed if there is a ``sealer`` (as it goes, so
+        sequence numbers follow the publishes); return when the broker acknowledged them all."""
+        size = self.chunk_payload(topic, enc.nbytes, 0 if sealer is None else sealer.size)
         self.publish_chunks(
             topic,
             (
-                b"".join(parts)  # paho takes bytes only
-                for parts in iter_chunks(
-                    enc.frames(), new_message_id(), self.chunk_payload(topic, enc.nbytes)
-                )
+                b"".join(parts if sealer is None else [*parts, sealer(parts)])  # paho: bytes only
+                for parts in iter_chunks(enc.frames(), new_message_id(), size)
             ),
             deadline,
         )
@@ -611,6 +780,10 @@ class _Client:
 
     session: HubSession
     sid: str  # its session id, the last level of its topics
+    hello: bytes = b""  # the hello that opened it: a copy of it is answered, not read
+    will_key: bytes | None = None  # checks its wills (and a bye before its welcome)
+    window: ReplayWindow = field(default_factory=ReplayWindow)  # its sealed payloads' numbers
+    will_window: ReplayWindow = field(default_factory=ReplayWindow)  # its wills' numbers
     suspect_until: float | None = None  # monotonic: must say hello again by then (will came)
     why: str = ""  # the reason it leaves with if it does not
     unsure: bool = False  # the broker lost the sessions: subscribed again only once it says hello
@@ -620,6 +793,9 @@ class MqttHub(Hub):
     """Hub on the topics under an ``mqtt://host:port/prefix`` URL's prefix (see the module doc).
 
     ``qos`` and ``chunk_bytes`` override the URL's query; ``timeout`` bounds reaching the broker.
+    ``tls`` is the link's TLS to the broker (its ``ca`` checks the broker's certificate; its
+    ``cert`` is shown if the broker asks for one); ``auth`` the enrolled devices' keys, which
+    admit clients here: the hub never sees a client's certificate, the broker does.
     ``authenticate`` runs on the MQTT network thread: it must not send.
     """
 
@@ -635,9 +811,16 @@ class MqttHub(Hub):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        self.settings = s = MqttSettings.from_url(url, qos, chunk_bytes)
+        self.settings = s = MqttSettings.from_url(url, qos, chunk_bytes, tls=self.tls is not None)
         self.url = url
+        if isinstance(self.authenticate, KeyAuthenticator) and self.authenticate.keys is None:
+            log.warning(
+                "mqtt: the hub at %s has TLS settings but no auth= keys: client certificates "
+                "reach the broker, never the hub, so it admits ANYONE who can use the broker",
+                _redacted(url),
+            )
         self.hub_id = uuid.uuid4().hex  # names this hub's topic; its welcomes carry it
+        self._seq = itertools.count()  # the sequence numbers of the hub's sealed payloads
         self._lock = threading.Lock()
         self._clients: dict[str, _Client] = {}  # open sessions, by client id
         self._back = threading.Condition(self._lock)  # a client was sure again, or left
@@ -653,9 +836,12 @@ class MqttHub(Hub):
             target=self._work_loop, name="tensorwire-mqtt-hub", daemon=True
         )
         self._worker.start()
+        hub_will = (s.hub(self.hub_id), _will("the hub's connection died"))
         self._link = _Link(
             s,
-            will=(s.hub(self.hub_id), _will("the hub's connection died")),
+            tls=_link_tls(s, self.tls),
+            # unsealed (no member is known at CONNECT): it only makes clients ask
+            will=lambda: (hub_will[0], _one_chunk(hub_will[1])),
             subscriptions=[s.up("+", "+")],
             on_message=self._on_message,
             on_lost=lambda detail: self._work.put(functools.partial(self._medium_lost, detail)),
@@ -671,18 +857,12 @@ class MqttHub(Hub):
 
     # -- network thread ---------------------------------------------------------------
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
+    def _on_message(self, topic: str, payload: bytes, dup: bool) -> None:
         cid, _, sid = topic[len(self._up_prefix) :].partition("/")
         with self._lock:
             client = self._clients.get(cid)
         if client is not None and client.sid == sid:
-            try:
-                done = self._member_chunks.feed(payload, topic)
-            except WireError as exc:
-                self._rejected(cid, exc)
-                return
-            if done is not None:
-                self._work.put(functools.partial(self._handle, cid, client, *done))
+            self._from_member(cid, client, topic, payload, dup)
             return
         try:  # no open session here: a hello, or a stranger's, read under the hello limits
             done = self._stranger_chunks.feed(payload, topic)
@@ -693,7 +873,7 @@ class MqttHub(Hub):
             self._rejected(cid, exc)
             return
         if msg.kind == "hello":
-            self._open(cid, sid, msg)
+            self._open(cid, sid, msg, done[0].tobytes())
         elif msg.kind == "bye":
             log.debug("mqtt: a bye for %r's session %s, which is not open", cid, sid)
         else:
@@ -701,9 +881,52 @@ class MqttHub(Hub):
                 cid, SessionRefused(f"a {msg.kind!r} message on {topic}: say hello first")
             )
 
-    def _open(self, cid: str, sid: str, msg: Message) -> None:
+    def _from_member(
+        self, cid: str, client: _Client, topic: str, payload: bytes, dup: bool
+    ) -> None:
+        """A payload on an open session's uplink: with a key, checked before it is reassembled."""
+        chunk: Any = payload
+        if client.session.key is not None:
+            if _repeats(payload, client.hello):
+                # the opening hello again, unsealed: from a client still waiting for the
+                # welcome, or a copy someone replays, so it earns the welcome and nothing more
+                self._work.put(functools.partial(self._welcome, cid, client, False))
+                return
+            try:
+                chunk = self._checked(cid, client, payload, dup)
+            except AuthenticationError as exc:
+                self._rejected(cid, exc)
+                return
+            if chunk is None:
+                log.debug("mqtt: dropped a duplicate delivery from %r", cid)
+                return
+        try:
+            done = self._member_chunks.feed(chunk, topic)
+        except WireError as exc:
+            self._rejected(cid, exc)
+            return
+        if done is not None:
+            self._work.put(functools.partial(self._handle, cid, client, *done))
+
+    @staticmethod
+    def _checked(cid: str, client: _Client, payload: bytes, dup: bool) -> memoryview | None:
+        """The chunk of a payload sealed with the session key, or with the will key (a will, a
+        bye before the welcome); None for a duplicate delivery."""
+        key = client.session.key
+        assert key is not None
+        try:
+            return _unsealed(payload, key, cid.encode(), client.window, dup)
+        except AuthenticationError:
+            if client.will_key is None:
+                raise
+            # a payload sealed for another key has no entry for this one: cheap to rule out
+            with contextlib.suppress(AuthenticationError):
+                return _unsealed(payload, client.will_key, cid.encode(), client.will_window, dup)
+            raise
+
+    def _open(self, cid: str, sid: str, msg: Message, hello_bytes: bytes) -> None:
         """A hello on a topic with no open session: open one (a new client, or a client's newer
-        session), or refuse it."""
+        session), or refuse it. ``hello_bytes``: the hello as it came."""
         session = HubSession(**self._session_options(), welcome_meta={"hub": self.hub_id})
         try:
             joined = session.receive(msg)
@@ -717,10 +940,18 @@ class MqttHub(Hub):
             self._link.publish_nowait(self.settings.ctl(cid, sid), _one_chunk(session.refusal(exc)))
             self._work.put(functools.partial(self._refused, cid, exc))
             return
-        client = _Client(session, sid)
+        client = _Client(session, sid, hello_bytes, self._will_key_of(hello, session))
         with self._lock:  # from now on this session's chunks are a member's
             self._clients[cid] = client
         self._work.put(functools.partial(self._admit, cid, client))
+
+    def _will_key_of(self, hello: Hello, session: HubSession) -> bytes | None:
+        """The session's will key, when it has a session key and the hub the client's secret."""
+        keys = getattr(self.authenticate, "keys", None)
+        if session.key is None or not isinstance(keys, Keys):
+            return None
+        secret = keys.get(hello.client_id)
+        return None if secret is None else _will_key(secret, hello.client_id, hello.session)
 
     # -- worker thread ----------------------------------------------------------------
 
@@ -748,12 +979,20 @@ class MqttHub(Hub):
         if hello is None or not self._current(cid, client):
             return  # replaced before it was admitted
         self._joined(cid, hello.decoders, session=client, max_message_bytes=hello.max_message_bytes)
-        self._welcome(cid, client)
+        self._welcome(cid, client, sealed=False)
 
-    def _welcome(self, cid: str, client: _Client) -> None:
+    def _welcome(self, cid: str, client: _Client, sealed: bool) -> None:
+        """Publish the session's welcome, ``sealed`` (answering a sealed hello: the client has
+        the key) or not (the first, or answering the unsealed hello of a client without it)."""
+        key = client.session.key
+        sealer = self._sealer([key]) if sealed and key is not None else None
         self._link.publish_nowait(
-            self.settings.ctl(cid, client.sid), _one_chunk(client.session.welcome())
+            self.settings.ctl(cid, client.sid), _sealed_chunk(client.session.welcome(), sealer)
         )
+
+    def _sealer(self, keys: list[bytes]) -> _Sealer | None:
+        """What seals the hub's payloads for sessions with these keys; None for none."""
+        return _Sealer(keys, _HUB, self._seq) if keys else None
 
     def _handle(self, cid: str, client: _Client, buf: np.ndarray, first_byte_at: float) -> None:
         """A whole message from a member's session, in the order its chunks came."""
@@ -765,12 +1004,12 @@ class MqttHub(Hub):
         except WireError as exc:
             self._rejected(cid, exc)
             return
-        if msg.kind == "hello":  # asked again: missed the welcome, reconnected, or probes us
+        if msg.kind == "hello":  # asked again (sealed, with a key): reconnected, or probes us
             client.session.receive(msg)
             with self._back:  # it subscribed before it said hello: sends to it may go now
                 client.suspect_until, client.unsure = None, False
                 self._back.notify_all()
-            self._welcome(cid, client)
+            self._welcome(cid, client, sealed=True)
             return
         if _is_will(msg):
             log.info(
@@ -865,30 +1104,48 @@ class MqttHub(Hub):
             client = self._clients.get(client_id)
         if client is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        self._link.publish(self.settings.down(client_id, client.sid), enc, deadline)
+        key = client.session.key
+        sealer = self._sealer([] if key is None else [key])
+        self._link.publish(self.settings.down(client_id, client.sid), enc, deadline, sealer)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
-        """One publish on the broadcast topic when every client gets this encoding."""
+        """One publish on the broadcast topic when every client gets this encoding, sealed with
+        each one's key (if some sessions have a key and others none, one publish each)."""
         if set(clients) != set(self.clients):
             return super()._send_many(clients, enc, deadline)
         results: dict[str, float | Exception] = dict(self._await_back(clients, deadline))
         reached = [c for c in clients if c not in results]
         if not reached:
             return results
+        keys = self._keys(reached)
+        if 0 < len(keys) < len(reached):
+            return {**results, **super()._send_many(reached, enc, deadline)}
         t = time.perf_counter()
         try:
-            self._link.publish(self.settings.down(), enc, deadline)
+            self._link.publish(self.settings.down(), enc, deadline, self._sealer(keys))
         except TransportError as exc:
             return {**results, **dict.fromkeys(reached, exc)}
         return {**results, **dict.fromkeys(reached, time.perf_counter() - t)}
 
+    def _keys(self, clients: Iterable[str]) -> list[bytes]:
+        """The session keys of those of ``clients`` that have one."""
+        with self._lock:
+            sessions = [self._clients.get(c) for c in clients]
+        return [c.session.key for c in sessions if c is not None and c.session.key is not None]
+
     def _close_transport(self) -> None:
+        with self._lock:
+            members = list(self._clients)
+        keys = self._keys(members)
+        goodbye = _one_chunk(bye("the hub closed"))
+        payloads = [goodbye + sealer([goodbye])] if (sealer := self._sealer(keys)) else []
+        if len(keys) < len(members) or not members:  # sessions without a key read it plain
+            payloads.append(goodbye)
         with contextlib.suppress(TransportError):
-            goodbye = _one_chunk(bye("the hub closed"))
             self._link.publish_chunks(
-                self.settings.hub(self.hub_id), [goodbye], deadline_after(BYE_TIMEOUT)
+                self.settings.hub(self.hub_id), payloads, deadline_after(BYE_TIMEOUT)
             )
         self._link.close()
         self._work.put(None)
@@ -896,7 +1153,11 @@ class MqttHub(Hub):
 
 
 class MqttChannel(Channel):
-    """A client of an :class:`MqttHub`; waits up to ``timeout`` seconds for broker and hub."""
+    """A client of an :class:`MqttHub`; waits up to ``timeout`` seconds for broker and hub.
+
+    ``tls``: the link's TLS to the broker (its ``ca`` checks the broker's certificate, ``cert``
+    is shown if the broker asks); ``key``: this device's enrolled secret, proven to the hub.
+    """
 
     protocol = "mqtt"
 
@@ -911,10 +1172,14 @@ class MqttChannel(Channel):
         timeout: float = 30.0,
         qos: int | None = None,
         chunk_bytes: int | None = None,
+        tls: TLS | None = None,
+        key: Any = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
-        self.settings = MqttSettings.from_url(url, qos, chunk_bytes)
+        self._shown = _redacted(url)  # the URL in messages
+        self._credentials(tls, key)
+        self.settings = MqttSettings.from_url(url, qos, chunk_bytes, tls=tls is not None)
         self.client_id = _check_client_id(client_id or default_client_id())
         self._cond = threading.Condition()
         self._closed = True
@@ -927,14 +1192,17 @@ class MqttChannel(Channel):
             self.close()
         s, cid = self.settings, self.client_id
         deadline = deadline_after(timeout)
-        session = ClientSession(
-            cid,
-            decoders=self.decoders,
-            max_message_bytes=self.limits.max_message_bytes,
-            where=f"the hub at {self.url}",
-        )
+        session = self._client_session(f"the hub at {self._shown}")
         sid = session.session
+        # Encoded once: every repeat is the same hello (the hub checks its nonce only once).
         self._session, self._hello = session, session.hello()
+        self._seq = itertools.count()  # the sequence numbers of this session's sealed payloads
+        self._window = ReplayWindow()  # the hub's sealed payloads to this session
+        self._will_key = None if self.secret is None else _will_key(self.secret, cid, sid)
+        self._will_seq = itertools.count()  # the sequence numbers of what the will key seals
+        self._early: list[tuple[str, bytes, bool]] = []  # the hub's, before the key to check them
+        self._early_bytes = 0
+        self._ask_when_open = False  # the link came back before the welcome: ask, sealed, after
         self._up, self._ctl_topic = s.up(cid, sid), s.ctl(cid, sid)
         self._data_topics = (s.down(), s.down(cid, sid))
         self._hub_prefix = s.hub("")
@@ -944,13 +1212,15 @@ class MqttChannel(Channel):
         self._control = _Chunks(_CONTROL_BYTES, HANDSHAKE_TIMEOUT_S)
         self._hub_id: str | None = None  # the hub that welcomed us
         self._error: Exception | None = None  # why the handshake failed
+        self._forged: AuthenticationError | None = None  # why a welcome was not the hub's
         self._gone: PeerGone | None = None  # the session ended: the hub left
         self._unsure = False  # the broker lost the sessions: the hub may not be subscribed
         self._stopping = False
         self._ask(deadline)
         self._link = _Link(
             s,
-            will=(self._up, _will("connection lost")),
+            tls=_link_tls(s, self.tls),
+            will=lambda: (self._up, _sealed_chunk(_will("connection lost"), self._will_sealer())),
             subscriptions=[*self._data_topics, self._ctl_topic, s.hub()],
             on_message=self._on_message,
             on_lost=self._medium_lost,
@@ -967,9 +1237,14 @@ class MqttChannel(Channel):
                 remaining(deadline),
             )
             error = self._error
-        if error is None and session.state is not State.OPEN:
+        if error is None and session.state is not State.OPEN and self._forged is not None:
+            error = AuthenticationError(
+                f"no hub that knows {cid!r}'s secret welcomed it at {self._shown} within "
+                f"{timeout} s: {self._forged}"
+            )
+        elif error is None and session.state is not State.OPEN:
             error = TransportTimeout(
-                f"no hub welcomed {cid!r} at {self.url} within {timeout} s "
+                f"no hub welcomed {cid!r} at {self._shown} within {timeout} s "
                 "(is the hub running, on the same broker and prefix?)"
             )
         if error is not None:
@@ -1002,76 +1277,156 @@ class MqttChannel(Channel):
             f"mqtt: {self.client_id!r} dropped a message on {topic}: {what}",
         )
 
+    def _sealer(self) -> _Sealer | None:
+        """What seals this session's payloads once it has a key; None before, or without."""
+        key = self._session.key
+        return None if key is None else _Sealer([key], self.client_id.encode(), self._seq)
+
+    def _will_sealer(self) -> _Sealer | None:
+        """What seals the will, and a bye before the welcome, with the will key."""
+        if self._will_key is None:
+            return None
+        return _Sealer([self._will_key], self.client_id.encode(), self._will_seq)
+
     # -- network thread ---------------------------------------------------------------
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
+    def _on_message(self, topic: str, payload: bytes, dup: bool) -> None:
         if topic in self._data_topics:
-            try:
-                done = self._data.feed(payload, topic)
-            except WireError as exc:
-                self._dropped(topic, exc)
-                return
-            if done is not None:  # decoded by recv, into its ``out``
-                self._inbox.put((*done, topic))
+            self._on_data(topic, payload, dup)
             return
-        try:
-            done = self._control.feed(payload, topic)
-            if done is None:
+        hub_id = topic[len(self._hub_prefix) :] if topic.startswith(self._hub_prefix) else None
+        if hub_id is not None and hub_id != self._hub_id:  # any hub id: one log key for them all
+            self._dropped(topic, "a message of another hub's", "hub topics")
+            return
+        got = self._control_message(topic, payload, dup)
+        if got is None:
+            return
+        msg, refusal = got
+        drain = False
+        with self._cond:
+            if topic == self._ctl_topic:
+                drain = self._from_hub(msg, refusal)
+            elif hub_id is not None:
+                self._hub_says(hub_id, msg, refusal)
+            self._cond.notify_all()
+        if drain:  # the payloads that came before the welcome can be checked now
+            early, self._early, self._early_bytes = self._early, [], 0
+            for args in early:
+                self._on_data(*args)
+
+    def _on_data(self, topic: str, payload: bytes, dup: bool) -> None:
+        """A payload on a data topic: checked (with a key), then reassembled."""
+        chunk: Any = payload
+        if self.secret is not None:
+            key = self._session.key
+            if key is None:  # before the welcome: held until its key can check it
+                if self._early_bytes + len(payload) > EARLY_BYTES:
+                    self._dropped(topic, f"more than {EARLY_BYTES} bytes came before the welcome")
+                else:
+                    self._early.append((topic, payload, dup))
+                    self._early_bytes += len(payload)
                 return
-            msg = decode_message(done[0], limits=HELLO_LIMITS, codec_lookup=get_codec)
+            try:
+                chunk = _unsealed(payload, key, _HUB, self._window, dup)
+            except AuthenticationError as exc:
+                self._rejected(exc)
+                return
+            if chunk is None:
+                return  # a duplicate delivery
+        try:
+            done = self._data.feed(chunk, topic)
         except WireError as exc:
             self._dropped(topic, exc)
             return
-        with self._cond:
-            if topic == self._ctl_topic:
-                self._from_hub(msg)
-            elif topic.startswith(self._hub_prefix):
-                self._hub_says(topic[len(self._hub_prefix) :], msg)
-            self._cond.notify_all()
+        if done is not None:  # decoded by recv, into its ``out``
+            self._inbox.put((*done, topic))
 
-    def _from_hub(self, msg: Message) -> None:
-        """A welcome or refuse on our session's control topic (under ``_cond``)."""
+    def _control_message(
+        self, topic: str, payload: bytes, dup: bool
+    ) -> tuple[Message, AuthenticationError | None] | None:
+        """A message on our control or our hub's topic, and, with a key, why it is not the
+        hub's (None: it was sealed by the hub); None when there is nothing to act on."""
+        chunk: Any = payload
+        refusal: AuthenticationError | None = None
+        key = self._session.key
+        if key is not None:
+            try:
+                chunk = _unsealed(payload, key, _HUB, self._window, dup)
+            except AuthenticationError as exc:
+                chunk, refusal = payload, exc
+            if chunk is None:
+                return None  # a duplicate delivery
+        try:
+            done = self._control.feed(chunk, topic)
+            if done is None:
+                return None
+            msg = decode_message(done[0], limits=HELLO_LIMITS, codec_lookup=get_codec)
+        except WireError as exc:
+            self._dropped(topic, exc if refusal is None else refusal)
+            return None
+        return msg, refusal
+
+    def _from_hub(self, msg: Message, refusal: AuthenticationError | None) -> bool:
+        """A welcome or refuse on our session's control topic (under ``_cond``); True when it
+        opened the session."""
         s = self._session
         if msg.kind not in ("welcome", "refuse"):
             self._dropped(self._ctl_topic, f"a {msg.kind!r} message where only welcome goes")
         elif s.state is State.AWAIT_WELCOME:
             try:
                 event = s.receive(msg)
+            except AuthenticationError as exc:
+                if s.state is not State.AWAIT_WELCOME:  # the hub refused our credential
+                    self._error = exc
+                else:  # a welcome without proof of our secret: forged, or another hub's
+                    self._forged = exc
+                    self._rejected(exc)
+                return False
             except TransportError as exc:  # refused, another version, not a hub
                 self._error = exc
-                return
+                return False
             if isinstance(event, Welcomed):
                 hub = event.meta.get("hub")
                 if isinstance(hub, str) and hub:
                     self._hub_id, self._asking = hub, False
-                else:
-                    self._error = TransportError(
-                        f"{self.url}: the welcome names no hub id: is the hub a tensorwire "
-                        "mqtt hub of this version?"
-                    )
+                    if self._ask_when_open:  # the hub may have lost us: ask, now sealed
+                        self._ask(time.monotonic() + WILL_GRACE_S)
+                    return True
+                self._error = TransportError(
+                    f"{self._shown}: the welcome names no hub id: is the hub a tensorwire "
+                    "mqtt hub of this version?"
+                )
         elif (
             s.state is State.OPEN
             and msg.kind == "welcome"
             and (msg.meta.get("session"), msg.meta.get("hub")) == (s.session, self._hub_id)
         ):
+            if refusal is not None:
+                # a copy of the first welcome (it answers a hello sent before it came, or
+                # someone replays it): proves nothing, as the answer to a sealed hello would
+                log.debug("mqtt: %r: an unsealed welcome again: %s", self.client_id, refusal)
+                return False
             if self._asking:
                 log.info("mqtt: %r: the hub answered; the session goes on", self.client_id)
             self._asking = self._unsure = False  # it answered a repeated hello: it is there
         else:
             self._dropped(self._ctl_topic, f"a {msg.kind} for another session or hub")
+        return False
 
-    def _hub_says(self, hub_id: str, msg: Message) -> None:
-        """A message on a hub's topic (under ``_cond``): our hub's bye ends the session, its
-        will makes us ask whether it is still there."""
+    def _hub_says(self, hub_id: str, msg: Message, refusal: AuthenticationError | None) -> None:
+        """A message on our hub's topic (under ``_cond``): its bye (sealed, with a key) ends the
+        session, its will makes us ask whether it is still there."""
         topic = self._hub_prefix + hub_id
-        if hub_id != self._hub_id or msg.kind != "bye":  # any hub id: one log key for them all
+        if msg.kind != "bye":
             self._dropped(topic, f"a {msg.kind!r} message, not our hub's bye", "hub topics")
-        elif _is_will(msg):
+        elif _is_will(msg):  # never sealed: the hub has no member when it connects
             _log_limited(  # a stranger may repeat it: it costs hellos, and log lines no more
                 f"mqtt {self.client_id} hub will",
                 f"mqtt: {self.client_id!r}: the hub's connection died; asking if it is back",
             )
             self._ask(time.monotonic() + WILL_GRACE_S)
+        elif refusal is not None:
+            self._rejected(refusal)
         else:
             self._session.receive(msg)
             self._fail(self._session.closed_error())
@@ -1087,6 +1442,7 @@ class MqttChannel(Channel):
                 self._unsure = self._unsure or not kept
             else:
                 self._hello_due = 0.0
+                self._ask_when_open = True
             self._cond.notify_all()
 
     # -- keeper thread ----------------------------------------------------------------
@@ -1096,7 +1452,7 @@ class MqttChannel(Channel):
         expire partial messages. A grace counts connected time only."""
         next_tick = 0.0
         while True:
-            hello = False
+            hello, sealer = False, None
             with self._cond:
                 if self._stopping:
                     return
@@ -1110,20 +1466,21 @@ class MqttChannel(Channel):
                         if self._session.state is State.OPEN:
                             self._fail(
                                 PeerGone(
-                                    f"the hub at {self.url} did not answer for {WILL_GRACE_S} s "
+                                    f"the hub at {self._shown} did not answer for {WILL_GRACE_S} s "
                                     "after its connection or ours dropped; call reconnect()"
                                 )
                             )
                             continue
                     elif now >= self._hello_due:
-                        hello = True
+                        # once welcomed, sealed: only the session's own client can ask so
+                        hello, sealer = True, self._sealer()
                         self._hello_due = now + self._hello_wait
                         self._hello_wait = min(self._hello_wait * 2, HELLO_RETRY_S[1])
                 if not hello:
                     wake = min(next_tick, self._hello_due) if active else next_tick
                     self._cond.wait(min(max(wake - now, 0.005), TICK_S))
             if hello:
-                self._link.publish_nowait(self._up, _one_chunk(self._hello))
+                self._link.publish_nowait(self._up, _sealed_chunk(self._hello, sealer))
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 for lost in self._data.expire():
@@ -1147,9 +1504,9 @@ class MqttChannel(Channel):
             raise PeerGone(str(self._gone))
         if unsure:
             raise TransportTimeout(
-                f"the hub at {self.url} has not answered since the broker lost its sessions"
+                f"the hub at {self._shown} has not answered since the broker lost its sessions"
             )
-        self._link.publish(self._up, enc, deadline)
+        self._link.publish(self._up, enc, deadline, self._sealer())
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         while True:
@@ -1172,11 +1529,14 @@ class MqttChannel(Channel):
             self._cond.notify_all()
         self._keeper.join(timeout=5)
         if goodbye and self._gone is None and self._link.up:
+            # before the welcome (the hub may have joined us late) the will key seals it
+            sealer = self._sealer() or self._will_sealer()
             with contextlib.suppress(TransportError):
                 self._link.publish_chunks(
-                    self._up, [_one_chunk(bye())], deadline_after(BYE_TIMEOUT)
+                    self._up, [_sealed_chunk(bye(), sealer)], deadline_after(BYE_TIMEOUT)
                 )
         self._link.close(graceful=graceful)
+        self._early, self._early_bytes = [], 0  # its network thread has ended
         self._inbox.fail(PeerGone("channel is closed; call reconnect()"))
 
     def _drop(self) -> None:
@@ -1190,3 +1550,16 @@ class MqttChannel(Channel):
             return
         self._closed = True
         self._end(goodbye=True)
+
+
+class MqttsHub(MqttHub):
+    """:class:`MqttHub` for ``mqtts://`` URLs: the link to the broker runs TLS (port 8883 by
+    default)."""
+
+    protocol = "mqtts"
+
+
+class MqttsChannel(MqttChannel):
+    """:class:`MqttChannel` for ``mqtts://`` URLs: the link to the broker runs TLS."""
+
+    protocol = "mqtts"

@@ -359,6 +359,14 @@ register_transport(
     baseline_target=0.9,
 )
 register_transport(
+    "mqtts",
+    f"{_T}.mqtt.MqttsHub",
+    f"{_T}.mqtt.MqttsChannel",
+    "mqtt",
+    broker="mosquitto",
+    local_url="mqtts://127.0.0.1:8883/{tag}",
+)
+register_transport(
     "flight",
     f"{_T}.flight.FlightHub",
     f"{_T}.flight.FlightChannel",

@@ -1,18 +1,35 @@
 """mqtt:// under the conformance suite: the local Mosquitto, or a private one per session; a
-private, persistent one per test for broker restarts."""
+private, persistent one per test for broker restarts; for the security suite, a private one
+with a TLS listener and two users per test session (``tensorwire``, whom hub and clients log
+in as, and ``mallory``, another user of the same broker who watches and replays).
+
+``mqtts.py`` runs the same suites over TLS, through the ``tls_*`` functions here."""
 
 from __future__ import annotations
 
 import gc
+import os
+import secrets
+import threading
+import time
 import uuid
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from tensorwire.errors import MissingDependency
 
 SCHEME = "mqtt"
+T = 10.0  # seconds a raw client waits for the broker
+USER = "tensorwire"  # the broker user hub and clients log in as on a broker with users
+OTHER = "mallory"  # another user of that broker
 _broker: list[str] = []  # "host:port" of the broker this session uses, once found
+_tls_brokers: dict[str, Any] = {}  # certificates' directory -> a started broker on them
+_passwords = {USER: secrets.token_hex(16), OTHER: secrets.token_hex(16)}
+_own_certs: list[Any] = []  # the Enrolment mqtts' conformance runs use, once made
+_spies: dict[str, _Raw] = {}  # topic prefix -> another user, watching the uplinks under it
 
 
 def _broker_address(request: pytest.FixtureRequest) -> str:
@@ -41,6 +58,59 @@ def hub_url(request: pytest.FixtureRequest) -> str:
     return f"mqtt://{_broker_address(request)}/{_prefix()}"
 
 
+# --- brokers with a TLS listener ---------------------------------------------------------------
+
+
+def _tls_settings(certs: Path) -> Any:
+    from tensorwire.transports.security import TLS
+
+    return TLS(cert=certs / "hub.pem", key=certs / "hub.key", ca=certs / "ca.pem")
+
+
+def _tls_broker(request: pytest.FixtureRequest, certs: Path) -> Any:
+    """The session's broker with a TLS listener on ``certs``' hub.pem, and the two users."""
+    pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
+    from tensorwire.transports.brokers.mosquitto import MosquittoBroker
+
+    if str(certs) not in _tls_brokers:
+        try:
+            broker = MosquittoBroker(tls=_tls_settings(certs), users=_passwords).start()
+        except MissingDependency as exc:
+            pytest.skip(str(exc))
+        request.config.add_cleanup(broker.stop)
+        _tls_brokers[str(certs)] = broker
+    return _tls_brokers[str(certs)]
+
+
+def _trusting_certs(request: pytest.FixtureRequest) -> Path:
+    """Certificates for the TLS runs of the conformance suite, whose CA this test trusts as
+    the system's (``SSL_CERT_FILE``): its clients connect with no ``tls=``, as to a broker
+    with a public certificate, and so do the peers it starts."""
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.certs import make_certs
+
+    if not _own_certs:
+        directory = request.getfixturevalue("tmp_path_factory").mktemp("mqtts-certs")
+        _own_certs.append(make_certs(directory, hosts=["127.0.0.1", "localhost"], clients=[]))
+    e = _own_certs[0]
+    before = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(e.ca)
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop("SSL_CERT_FILE", None)
+        else:
+            os.environ["SSL_CERT_FILE"] = before
+
+    request.addfinalizer(restore)
+    return Path(e.directory)
+
+
+def tls_hub_url(request: pytest.FixtureRequest) -> str:
+    """A fresh prefix on the session's TLS broker, as ``mqtts://`` with the user in it."""
+    return _tls_broker(request, _trusting_certs(request)).url(_prefix(), user=USER)
+
+
 class PrivateBroker:
     """A started Mosquitto of one test's own, that keeps its state on disk across restarts."""
 
@@ -49,7 +119,7 @@ class PrivateBroker:
 
     def hub_url(self) -> str:
         """A URL with a fresh topic prefix on this broker."""
-        return self.broker.url(_prefix())
+        return self.broker.url(_prefix(), user=USER if self.broker.users else None)
 
     def restart(self, down_s: float) -> None:
         """Stop it (it saves sessions and queued messages), stay down ``down_s`` seconds, start
@@ -57,42 +127,71 @@ class PrivateBroker:
         self.broker.restart(down_s)
 
 
-def private_broker(request: pytest.FixtureRequest) -> PrivateBroker:
-    """A private persistent Mosquitto for this test, stopped when it ends."""
+def private_broker(request: pytest.FixtureRequest, tls: bool = False) -> PrivateBroker:
+    """A private persistent Mosquitto for this test, stopped when it ends (``tls``: with a TLS
+    listener and the users, as ``mqtts``' runs have it)."""
     pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
     from tensorwire.transports.brokers.mosquitto import MosquittoBroker
 
+    options: dict[str, Any] = {}
+    if tls:
+        options = {"tls": _tls_settings(_trusting_certs(request)), "users": _passwords}
     try:
-        broker = MosquittoBroker(persistence=True).start()
+        broker = MosquittoBroker(persistence=True, **options).start()
     except MissingDependency as exc:
         pytest.skip(str(exc))
     request.addfinalizer(broker.stop)
     return PrivateBroker(broker)
 
 
-class _Stranger:
-    """A raw paho client on the hub's broker: publishes whatever it is given, at QoS 1."""
+# --- a raw client of the broker ----------------------------------------------------------------
 
-    def __init__(self, hub_url: str) -> None:
+
+class _Raw:
+    """A raw paho client on the broker of ``url``: TLS if the URL says so or ``ca`` is given
+    (then checked against it), logged in as ``user`` (default: the URL's); publishes at QoS 1
+    and keeps what comes on the topics it subscribes to (the first 1000 payloads)."""
+
+    def __init__(self, url: str, user: str | None = None, ca: Any = None) -> None:
         import paho.mqtt.client as paho
         from paho.mqtt.enums import CallbackAPIVersion
 
         from tensorwire.transports.mqtt import MqttSettings
+        from tensorwire.transports.security import TLS
 
-        self.settings = s = MqttSettings.from_url(hub_url)
+        self.settings = s = MqttSettings.from_url(url, tls=ca is not None)
+        self.got: list[tuple[str, bytes]] = []
+        self._subscribed = threading.Event()
         self._client = paho.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"tw-stranger-{uuid.uuid4().hex[:8]}"
+            CallbackAPIVersion.VERSION2, client_id=f"tw-raw-{uuid.uuid4().hex[:8]}"
         )
+        if s.tls:
+            self._client.tls_set_context(TLS(ca=ca).client_context())
+        if user is not None:
+            self._client.username_pw_set(user, _passwords[user])
+        elif s.username is not None:
+            self._client.username_pw_set(s.username, s.password)
+        self._client.on_message = self._keep
+        self._client.on_subscribe = lambda *_: self._subscribed.set()
         self._client.connect(s.host, s.port)
         self._client.loop_start()
         self._sent: list[Any] = []
+
+    def _keep(self, _c: Any, _u: Any, m: Any) -> None:
+        if len(self.got) < 1000:
+            self.got.append((m.topic, m.payload))
+
+    def subscribe(self, topic: str) -> None:
+        self._subscribed.clear()
+        self._client.subscribe(topic, qos=1)
+        assert self._subscribed.wait(T), "the broker did not confirm the subscription"
 
     def publish(self, topic: str, payload: bytes) -> None:
         self._sent.append(self._client.publish(topic, payload, qos=1))
 
     def close(self) -> None:
         for info in self._sent:
-            info.wait_for_publish(10)
+            info.wait_for_publish(T)
         self._client.disconnect()
         self._client.loop_stop()
 
@@ -102,7 +201,7 @@ def inject_garbage(hub_url: str) -> None:
     a chunk that holds no message) and on a control topic."""
     from tensorwire.wire import iter_chunks
 
-    stranger = _Stranger(hub_url)
+    stranger = _Raw(hub_url)
     s = stranger.settings
     junk = b"\xde\xad\xbe\xef" * 64
     chunk_of_junk = b"".join(next(iter_chunks([junk], 1, len(junk))))
@@ -167,7 +266,7 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     from tensorwire.transports.session import ClientSession, HubSession, bye
     from tensorwire.wire import encode_message
 
-    stranger = _Stranger(hub_url)
+    stranger = _Raw(hub_url)
     s = stranger.settings
     hubs, sessions = _live_sessions(s.prefix, client_ids)
     other = uuid.uuid4().hex
@@ -197,3 +296,64 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     for h in hubs:
         stranger.publish(s.hub(h), _one_chunk(_will("forged")))
     stranger.close()
+
+
+# --- the security suite ------------------------------------------------------------------------
+
+
+def secure_hub_url(request: pytest.FixtureRequest, enrolment: Any, scheme: str = "mqtt") -> str:
+    """A fresh prefix on the session's TLS broker for ``enrolment``'s hub.pem, logged in as
+    the hub's user; ``mqtt://`` (TLS from the ``tls=`` the suite passes) or ``mqtts://``.
+    Another user of the broker watches its uplinks from now on (for :func:`replay_last`)."""
+    broker = _tls_broker(request, Path(enrolment.directory))
+    url = broker.url(_prefix(), user=USER)
+    if scheme == "mqtt":
+        url = url.replace("mqtts://", "mqtt://", 1)
+    spy = _Raw(url, user=OTHER, ca=enrolment.ca)
+    spy.subscribe(spy.settings.up("+", "+"))
+    _spies[spy.settings.prefix] = spy
+
+    def stop() -> None:
+        _spies.pop(spy.settings.prefix, None)
+        spy.close()
+
+    request.addfinalizer(stop)
+    return url
+
+
+def proxy_target(hub_url: str) -> tuple[str, int]:
+    """Where a recording proxy forwards a client's connection to: the broker's TLS port."""
+    from tensorwire.transports.mqtt import MqttSettings
+
+    s = MqttSettings.from_url(hub_url, tls=True)
+    return s.host, s.port
+
+
+def proxied_url(hub_url: str, port: int) -> str:
+    """The hub's URL with the broker reached through a proxy on 127.0.0.1:``port`` (the name
+    the client checks in the broker's certificate: 127.0.0.1 is in it)."""
+    parts = urlsplit(hub_url)
+    user = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=(f"{user}@" if user else "") + f"127.0.0.1:{port}"))
+
+
+def replay_last(hub_url: str, enrolment: Any) -> None:
+    """As another user of the broker, publish the last sealed payload a client published under
+    the hub's prefix again: once as it was, once with one byte flipped."""
+    from tensorwire.transports.mqtt import MqttSettings
+
+    prefix = MqttSettings.from_url(hub_url).prefix
+    spy = _spies[prefix]
+    sealed: list[tuple[str, bytes]] = []
+    deadline = time.monotonic() + T
+    while not sealed and time.monotonic() < deadline:
+        sealed = [(t, p) for t, p in spy.got if p.endswith(b"TWMA")]  # the MAC trailer's end
+        time.sleep(0.02)
+    assert sealed, "no client published a sealed payload that another user could see"
+    topic, payload = sealed[-1]
+    altered = bytearray(payload)
+    altered[len(altered) // 2] ^= 0x01
+    spy.publish(topic, payload)
+    spy.publish(topic, bytes(altered))
+    for info in spy._sent:
+        info.wait_for_publish(T)

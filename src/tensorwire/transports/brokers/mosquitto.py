@@ -1,22 +1,29 @@
 """Find a Mosquitto broker that answers, or run a private one for as long as it is needed.
 
 A private broker gets its own port (a free one unless given), its own directory for config and
-log, listens on 127.0.0.1 only (or the ``bind`` address) and lets anyone in. It keeps nothing
-on disk unless asked to (``persistence=True``: sessions, subscriptions and queued messages are
-saved in its directory when it stops and restored when it starts). ``restart(down_s)`` stops
-it, waits and starts it again on the same port and directory; ``stop()`` ends the process and
-removes the directory. With a ``command_prefix`` (e.g. ``ip netns exec NS``) it runs behind
-it, in a testbed's server namespace, and is probed from there. Nothing here needs paho: the
-probe speaks MQTT itself.
+log, listens on 127.0.0.1 only (or the ``bind`` address) and lets anyone in, unless given
+``users`` (a password file; anonymous clients refused). With ``tls=`` its one listener speaks
+TLS (``mqtts://``) on the given certificate. It keeps nothing on disk unless asked to
+(``persistence=True``: sessions, subscriptions and queued messages are saved in its directory
+when it stops and restored when it starts). ``restart(down_s)`` stops it, waits and starts it
+again on the same port and directory; ``stop()`` ends the process and removes the directory.
+With a ``command_prefix`` (e.g. ``ip netns exec NS``) it runs behind it, in a testbed's server
+namespace, and is probed from there. Nothing here needs paho: the probe speaks MQTT itself,
+in clear or, on a TLS listener, over TLS.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import functools
+import hashlib
 import os
 import pwd
+import re
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -24,13 +31,18 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.readiness import wait_answering
+from tensorwire.transports.security import TLS
 from tensorwire.transports.url import host_port
 
 DEFAULT_PORT = 1883
+# Mosquitto's own password hashing (mosquitto_passwd's default since 2.0): PBKDF2-HMAC-SHA512
+# over a 12-byte salt, 101 iterations, written as $7$ITERATIONS$SALT$HASH in base64.
+_PBKDF2_ITERATIONS = 101
+_SALT_BYTES = 12
 INSTALL_HINT = (
     "apt-get install mosquitto (Debian/Ubuntu), dnf install mosquitto, brew install mosquitto"
 )
@@ -39,27 +51,57 @@ _SBIN = ("/usr/sbin", "/usr/local/sbin")  # where packages put it, often not on 
 
 def mosquitto_answers(host: str, port: int, timeout: float = 1.0) -> bool:
     """Whether an MQTT broker at ``host:port`` answers a CONNECT with a CONNACK within
-    ``timeout`` seconds (a refusal, e.g. for missing credentials, still counts as answering)."""
+    ``timeout`` seconds (a refusal, e.g. for missing credentials, still counts as answering).
+
+    A port that drops the connection at the CONNECT in clear is asked again over TLS (an
+    ``mqtts`` listener), without checking its certificate: the probe sends no credential."""
+    answer = _connack(host, port, timeout, tls=False)
+    if answer is None:
+        answer = _connack(host, port, timeout, tls=True)
+    return bool(answer)
+
+
+def _connack(host: str, port: int, timeout: float, *, tls: bool) -> bool | None:
+    """True if a CONNECT gets a CONNACK, or over TLS the connection ends after the handshake
+    with no answer (a listener that requires a client certificate ends it so); None if a
+    connection in clear ends with no answer or a TLS alert, as a TLS listener does with MQTT
+    in clear; False otherwise."""
     client_id = f"tw-probe-{uuid.uuid4().hex[:8]}".encode()
     # MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, keepalive 10 s
     body = b"\x00\x04MQTT\x04\x02\x00\x0a" + len(client_id).to_bytes(2, "big") + client_id
+    ended = True if tls else None  # what a connection that ends unanswered says
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            raw.settimeout(timeout)
+            sock = _probe_context().wrap_socket(raw, server_hostname=host) if tls else raw
             sock.sendall(bytes([0x10, len(body)]) + body)
             connack = b""
             while len(connack) < 4:
                 got = sock.recv(4 - len(connack))
                 if not got:
-                    return False
+                    return ended if not connack else False
+                if not tls and not connack and got[:1] == b"\x15":  # a TLS alert record
+                    return None
                 connack += got
             if connack[:2] != b"\x20\x02":
                 return False
             if connack[3] == 0:
                 sock.sendall(b"\xe0\x00")  # DISCONNECT
             return True
+    except (ssl.SSLEOFError, ConnectionResetError):
+        return ended
+    except ssl.SSLError as exc:
+        return "CERTIFICATE_REQUIRED" in str(exc.reason)
     except OSError:
         return False
+
+
+@functools.cache
+def _probe_context() -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False  # whether it answers, not who it is: nothing secret is sent
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def find_mosquitto(binary: str = "mosquitto") -> str:
@@ -70,6 +112,59 @@ def find_mosquitto(binary: str = "mosquitto") -> str:
             f"the Mosquitto broker ({binary!r}) is not installed: {INSTALL_HINT}"
         )
     return found
+
+
+def find_mosquitto_passwd() -> str | None:
+    """The path of ``mosquitto_passwd``, or None if it is not installed."""
+    return shutil.which("mosquitto_passwd") or shutil.which(
+        "mosquitto_passwd", path=os.pathsep.join(_SBIN)
+    )
+
+
+@functools.cache
+def _mosquitto_version(binary: str) -> tuple[int, ...]:
+    """The version ``binary -h`` prints (``mosquitto version 2.0.11``); () if it says none."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        out = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=10).stdout
+        found = re.search(r"mosquitto version (\d+)\.(\d+)", out)
+        if found:
+            return tuple(int(n) for n in found.groups())
+    return ()
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    """A password as Mosquitto's password file holds it (what ``mosquitto_passwd`` writes)."""
+    salt = os.urandom(_SALT_BYTES) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, _PBKDF2_ITERATIONS)
+    b64 = base64.b64encode
+    return f"$7${_PBKDF2_ITERATIONS}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def write_password_file(path: Path, users: Mapping[str, str]) -> None:
+    """Write ``user:hash`` lines for ``users`` (name -> password) into ``path``, mode 0600.
+
+    ``mosquitto_passwd`` hashes them if it is installed (each password on its standard input,
+    never on a command line that ``ps`` shows); else :func:`hash_password` does, the same way."""
+    for name, password in users.items():
+        if not name or ":" in name or "\n" in name or "\n" in password:
+            raise TransportError(f"broker user {name!r}: no ':' in a name, no newline in either")
+    tool = find_mosquitto_passwd()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        if tool is None:
+            f.writelines(f"{name}:{hash_password(password)}\n" for name, password in users.items())
+            return
+    for name, password in users.items():
+        done = subprocess.run(
+            [tool, str(path), name],
+            input=f"{password}\n{password}\n",  # asked for, then asked again
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if done.returncode != 0:
+            path.unlink()
+            raise TransportError(f"mosquitto_passwd failed: {(done.stderr or done.stdout).strip()}")
 
 
 def _free_port(host: str) -> int:
@@ -84,6 +179,11 @@ class MosquittoBroker:
     ``bind`` is the address it listens on (and its URL names); ``command_prefix`` an argv
     prefix it is started behind, e.g. ``["ip", "netns", "exec", "NS"]``. ``persistence``
     keeps the broker's state in its directory across :meth:`restart`.
+
+    ``tls``: its listener speaks TLS (1.3, or 1.2 on a Mosquitto older than 1.6) with
+    ``tls.cert`` / ``tls.key``; ``tls.ca``, if given, verifies client certificates, which it
+    requires only with ``require_certificate``. ``users`` (name -> password) go into a password
+    file and anonymous clients are refused. :meth:`url` names the scheme and, if asked, a user.
     """
 
     host = "127.0.0.1"
@@ -98,9 +198,21 @@ class MosquittoBroker:
         bind: str = "127.0.0.1",
         command_prefix: Sequence[str] = (),
         persistence: bool = False,
+        tls: TLS | None = None,
+        users: Mapping[str, str] | None = None,
+        require_certificate: bool = False,
     ) -> None:
+        if tls is not None and (tls.cert is None or tls.key is None):
+            raise TransportError(
+                "a broker's TLS needs cert= and key= (tensorwire certs makes them)"
+            )
+        if require_certificate and (tls is None or tls.ca is None):
+            raise TransportError("require_certificate needs tls= with a ca= to check them by")
         self.port = port
         self.persistence = persistence
+        self.tls = tls
+        self.users = dict(users or {})
+        self.require_certificate = require_certificate
         self.host = bind
         self.command_prefix = list(command_prefix)
         self.settings = dict(settings or {})
@@ -114,15 +226,38 @@ class MosquittoBroker:
         """The broker's process id while it runs."""
         return self._proc.pid if self._proc is not None else None
 
-    def url(self, prefix: str = "") -> str:
-        """``mqtt://127.0.0.1:PORT/prefix`` for this broker."""
-        return f"mqtt://{self.host}:{self.port}/{prefix}"
+    def url(self, prefix: str = "", user: str | None = None) -> str:
+        """``mqtt://127.0.0.1:PORT/prefix`` for this broker (``mqtts://`` with TLS); with
+        ``user``, one of :attr:`users`, the URL carries that user's name and password."""
+        scheme = "mqtts" if self.tls is not None else "mqtt"
+        who = ""
+        if user is not None:
+            if user not in self.users:
+                raise TransportError(f"{user!r} is not a user of this broker: {sorted(self.users)}")
+            who = f"{quote(user, safe='')}:{quote(self.users[user], safe='')}@"
+        return f"{scheme}://{who}{self.host}:{self.port}/{prefix}"
 
-    def _config(self) -> str:
+    def _tls_lines(self, binary: str) -> dict[str, str]:
+        if self.tls is None:
+            return {}
+        lines = {
+            "certfile": str(Path(self.tls.cert).resolve()),
+            "keyfile": str(Path(self.tls.key).resolve()),
+            # the minimum version from 2.0 on, the only one in 1.6, unknown before
+            "tls_version": "tlsv1.3" if _mosquitto_version(binary) >= (1, 6) else "tlsv1.2",
+            "require_certificate": "true" if self.require_certificate else "false",
+        }
+        if self.tls.ca is not None:
+            lines["cafile"] = str(Path(self.tls.ca).resolve())
+        return lines
+
+    def _config(self, binary: str) -> str:
         assert self.dir is not None
         lines = {
             "listener": f"{self.port} {self.host}",
-            "allow_anonymous": "true",
+            **self._tls_lines(binary),
+            "allow_anonymous": "false" if self.users else "true",
+            **({"password_file": str(self.dir / "passwd")} if self.users else {}),
             "persistence": "true" if self.persistence else "false",
             # saved on a clean stop (SIGTERM), restored on start; mosquitto wants the final /
             **({"persistence_location": f"{self.dir}/"} if self.persistence else {}),
@@ -141,7 +276,13 @@ class MosquittoBroker:
             # Behind a prefix the broker's namespace is elsewhere: any port free here will do.
             self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-mosquitto-"))
-        (self.dir / "mosquitto.conf").write_text(self._config())
+        try:
+            if self.users:
+                write_password_file(self.dir / "passwd", self.users)
+            (self.dir / "mosquitto.conf").write_text(self._config(binary))
+        except BaseException:
+            self.stop()
+            raise
         self._run(binary)
         return self
 
