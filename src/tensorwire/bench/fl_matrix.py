@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from tensorwire.testbed.profile import LinkProfile, as_profile
-from tensorwire.transports.registry import bench_protocols, find_transport, transports
+from tensorwire.transports.registry import bench_protocols, find_transport, listed_transports
 
 STRESSES = ("none", "cpu", "network")
 SECURITIES = ("none", "tls")  # tls: enrolled devices, encrypted traffic
@@ -30,7 +30,7 @@ def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
 
 def registered_protocols() -> list[str]:
     """Every registered transport, by the name ``--protocols`` takes (``zmq`` for zmq+tcp)."""
-    return [entry.name for entry in transports()]
+    return [entry.name for entry in listed_transports()]
 
 
 def protocol_schemes() -> dict[str, str]:

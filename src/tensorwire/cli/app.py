@@ -13,7 +13,7 @@ from tensorwire.cli.console import console
 from tensorwire.cli.fl import fl_app
 from tensorwire.errors import UnknownScheme
 from tensorwire.transports.registry import get_transport
-from tensorwire.transports.registry import transports as registered_transports
+from tensorwire.transports.registry import listed_transports as registered_transports
 
 app = typer.Typer(
     help="Move tensors fast over the protocols you deploy, and measure which one wins.",

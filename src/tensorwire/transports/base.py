@@ -33,6 +33,7 @@ from tensorwire.errors import (
 from tensorwire.transports.security import TLS, KeyAuthenticator, Keys, load_secret
 from tensorwire.transports.session import PROTOCOL_VERSION as PROTOCOL_VERSION
 from tensorwire.transports.session import Authenticate, ClientSession
+from tensorwire.transports.url import redacted
 from tensorwire.wire import (
     CodecSelector,
     EncodedMessage,
@@ -418,7 +419,7 @@ class Hub(_Endpoint):
         self.tls = tls
         keys = auth if auth is None or isinstance(auth, Keys) else _keys(auth)
         if authenticate is None and (keys is not None or (tls is not None and tls.mutual)):
-            authenticate = KeyAuthenticator(keys)
+            authenticate = KeyAuthenticator(keys, require_tls_name=keys is None)
         self.authenticate = authenticate
         self._open_door_said = False
         self.events: deque[MembershipEvent] = deque(maxlen=MAX_EVENTS)
@@ -452,7 +453,10 @@ class Hub(_Endpoint):
         event = MembershipEvent(kind, client_id, reason, time.time())
         self.events.append(event)
         if self.on_event:
-            self.on_event(event)
+            try:
+                self.on_event(event)
+            except Exception:  # the caller's bug must not end a transport thread
+                log.exception("%s: on_event(%s) raised", self.protocol, event)
 
     def _joined(
         self,
@@ -476,7 +480,7 @@ class Hub(_Endpoint):
                 "credential): serve(..., auth=tensorwire.Keys.load(DIR)) and tls=tensorwire.TLS("
                 "...) to admit only enrolled devices (tensorwire certs makes the files)",
                 self.protocol,
-                getattr(self, "url", "?"),
+                redacted(getattr(self, "url", "?")),
                 client_id,
             )
         self._event("replaced" if replaced else "joined", client_id, "said hello")
@@ -571,7 +575,7 @@ class Hub(_Endpoint):
 
     def _not_connected(self, client_id: str) -> str:
         if self._closed:
-            return f"the hub at {self.url} is closed"
+            return f"the hub at {redacted(self.url)} is closed"
         return f"client {client_id!r} is not connected (connected: {self.clients})"
 
     def _send_one(
@@ -602,7 +606,7 @@ class Hub(_Endpoint):
         out = BroadcastResult()
         with self._cond:
             if self._closed:
-                raise PeerGone(f"the hub at {self.url} is closed")
+                raise PeerGone(f"the hub at {redacted(self.url)} is closed")
             wanted = list(self._members) if clients is None else list(clients)
             targets = {c: self._members[c] for c in wanted if c in self._members}
         for c in wanted:

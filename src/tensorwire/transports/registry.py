@@ -115,6 +115,10 @@ class TransportEntry:
     paced: bool = False
     """It takes ``rate=BITS_PER_S`` in its URL and paces its sends to it: ``bench fl`` sets it
     a little under the shaped link's rate."""
+    tls_form_of: str | None = None
+    """The transport whose TLS-only URL scheme this is (``mqtts`` of ``mqtt``): the lists of
+    every transport that benchmarks and the CLI run leave it out; they secure the other one
+    (``--tls``, ``--security tls``)."""
 
     def __post_init__(self) -> None:
         if not self.scheme or "://" in self.scheme:
@@ -247,9 +251,15 @@ def get_transport(key: str) -> TransportEntry:
     return entry
 
 
+def listed_transports() -> list[TransportEntry]:
+    """The transports 'all' means in benchmarks and the CLI: every registered one but the
+    TLS-only forms of others (:attr:`TransportEntry.tls_form_of`)."""
+    return [e for e in _TRANSPORTS.values() if e.tls_form_of is None]
+
+
 def bench_protocols() -> dict[str, TransportEntry]:
     """Every name ``bench fl --protocols`` takes (variants too) -> its transport."""
-    return {p: e for e in _TRANSPORTS.values() for p in e.protocols}
+    return {p: e for e in listed_transports() for p in e.protocols}
 
 
 def unknown_scheme(url: str) -> UnknownScheme:
@@ -365,6 +375,7 @@ register_transport(
     "mqtt",
     broker="mosquitto",
     local_url="mqtts://127.0.0.1:8883/{tag}",
+    tls_form_of="mqtt",
 )
 register_transport(
     "flight",

@@ -210,9 +210,15 @@ class KeyAuthenticator:
     """
 
     def __init__(
-        self, keys: Keys | None, *, skew_s: float = HELLO_SKEW_S, max_nonces: int = 100_000
+        self,
+        keys: Keys | None,
+        *,
+        skew_s: float = HELLO_SKEW_S,
+        max_nonces: int = 100_000,
+        require_tls_name: bool = False,
     ) -> None:
         self.keys = keys
+        self.require_tls_name = require_tls_name  # mutual TLS is the only check: no name, no entry
         self.skew_s = skew_s
         self._seen: OrderedDict[bytes, float] = OrderedDict()
         self._max_nonces = max_nonces
@@ -222,6 +228,10 @@ class KeyAuthenticator:
         """Check a :class:`~tensorwire.transports.session.Hello`; return the welcome's ``auth``
         field and the session key."""
         client_id, session, auth = hello.client_id, hello.session, hello.meta.get("auth")
+        if tls_name is None and self.require_tls_name:
+            raise AuthenticationError(
+                f"client {client_id!r} presented no named, verified certificate"
+            )
         if tls_name is not None and tls_name != client_id:
             raise AuthenticationError(
                 f"client certificate is for {tls_name!r}, the hello says {client_id!r}"
@@ -304,7 +314,9 @@ class ReplayWindow:
     def check_and_add(self, seq: int) -> bool:
         if seq > self.highest:
             shift = seq - self.highest
-            self._bits = ((self._bits << shift) | 1) & ((1 << REPLAY_WINDOW) - 1)
+            # a jump past the window forgets it all (and never builds an integer that large)
+            bits = self._bits << shift if shift < REPLAY_WINDOW else 0
+            self._bits = (bits | 1) & ((1 << REPLAY_WINDOW) - 1)
             self.highest = seq
             return True
         back = self.highest - seq

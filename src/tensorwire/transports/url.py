@@ -37,3 +37,12 @@ def query_options(url: str, known: Iterable[str]) -> dict[str, str]:
             f"{', '.join(every) or 'none'}"
         )
     return query
+
+
+def redacted(url: str) -> str:
+    """``url`` with any password in it replaced by ``***``, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
