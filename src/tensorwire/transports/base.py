@@ -27,11 +27,9 @@ from tensorwire.errors import (
     MessageTooLarge,
     PeerGone,
     SessionRefused,
-    TransportError,
     TransportTimeout,
 )
 from tensorwire.transports.security import TLS, KeyAuthenticator, Keys, load_secret
-from tensorwire.transports.session import PROTOCOL_VERSION as PROTOCOL_VERSION
 from tensorwire.transports.session import Authenticate, ClientSession
 from tensorwire.transports.url import redacted
 from tensorwire.wire import (
@@ -261,25 +259,6 @@ def remaining(deadline: float | None) -> float | None:
 def default_client_id() -> str:
     """``host-pid-random``: unique enough for a client that was given no id."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-def control_message(kind: str, meta: Mapping[str, Any] | None = None) -> EncodedMessage:
-    """A tensorless message of a transport's handshake: "hello", "welcome", "bye" ..."""
-    return encode_message(None, meta, kind=kind)
-
-
-def parse_hello(msg: Message) -> tuple[str, frozenset[str]]:
-    """``(client_id, codecs it decodes)`` from a client's hello; ``TransportError`` if malformed.
-
-    For transports not yet on :class:`~tensorwire.transports.session.HubSession`."""
-    meta = msg.meta
-    cid = meta.get("client_id")
-    decoders = meta.get("decoders", [])
-    if msg.kind != "hello" or not isinstance(cid, str) or not cid:
-        raise TransportError(f"expected a hello with a client_id, got kind {msg.kind!r}")
-    if not isinstance(decoders, list) or not all(isinstance(d, str) for d in decoders):
-        raise TransportError("hello: 'decoders' must be a list of codec ids")
-    return cid, frozenset(decoders)
 
 
 @dataclass(frozen=True)
