@@ -16,14 +16,12 @@ Scheme hooks (``tests/transports/schemes/<scheme>.py``), all optional:
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from recording_proxy import RecordingProxy
 
 import tensorwire
 from tensorwire.errors import AuthenticationError, TransportError
@@ -146,58 +144,13 @@ def test_a_replayed_or_altered_message_is_refused(secure, scheme_module, enrolme
     _round_trip(hub, ch, 2)
 
 
-class _RecordingProxy:
-    """A TCP proxy on 127.0.0.1 that forwards to ``target`` and keeps every byte it saw."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.seen = bytearray()
-        self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                a, _ = self._server.accept()
-            except OSError:
-                return
-            b = socket.create_connection(self.target, timeout=10)
-            b.settimeout(None)
-            for src, dst in ((a, b), (b, a)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        for _ in range(1_000_000):  # bounded: ends when either side closes
-            try:
-                data = src.recv(1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            with self._lock:
-                if len(self.seen) < 256 << 20:
-                    self.seen += data
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._server.close()
-
-
 def test_no_tensor_bytes_travel_in_clear(secure, scheme_module):
     proxied = getattr(scheme_module, "proxied_url", None)
     if proxied is None:
         pytest.skip("this scheme does not cross a network")
     hub, connect = secure
     target = scheme_module.proxy_target(hub.url)
-    proxy = _RecordingProxy(target)
+    proxy = RecordingProxy(target)
     try:
         ch = connect("dev1", url=proxied(hub.url, proxy.port))
         hub.wait_for(1, timeout=T)
@@ -206,8 +159,9 @@ def test_no_tensor_bytes_travel_in_clear(secure, scheme_module):
         ch.send({"p": PATTERN}, timeout=T)
         assert np.array_equal(hub.recv(timeout=T)[1]["p"], PATTERN)
         time.sleep(0.2)
-        assert len(proxy.seen) > PATTERN.nbytes, "the proxy saw nothing: test is broken"
-        assert bytes(PATTERN[:32]) not in proxy.seen, "tensor bytes crossed in clear"
+        seen = proxy.all_seen
+        assert len(seen) > PATTERN.nbytes, "the proxy saw nothing: test is broken"
+        assert bytes(PATTERN[:32]) not in seen, "tensor bytes crossed in clear"
     finally:
         proxy.close()
 

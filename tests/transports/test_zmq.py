@@ -4,7 +4,6 @@ use, CURVE (key files, mismatched encryption, what crosses the wire)."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import shutil
 import socket
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from recording_proxy import RecordingProxy
 
 zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (extra 'zmq')")
 
@@ -566,65 +566,14 @@ def test_the_same_credential_replaces_a_session_and_another_cannot(curve_hub, en
         second.close()
 
 
-class _Proxy:
-    """A TCP proxy on 127.0.0.1 in front of ``port`` that keeps what it forwards each way
-    (``up``: client to hub, ``down``: hub to client); ``flip_next(direction)`` alters one byte
-    of the next chunk of over 100 bytes going that way."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.seen = {"up": bytearray(), "down": bytearray()}
-        self._flip: set[str] = set()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def flip_next(self, direction: str) -> None:
-        self._flip.add(direction)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                a, _ = self._server.accept()
-            except OSError:
-                return
-            b = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._pump, args=(a, b, "up"), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, "down"), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
-        for _ in range(100_000):  # bounded: ends when either side closes
-            try:
-                data = src.recv(1 << 16)
-            except OSError:
-                break
-            if not data:
-                break
-            self.seen[direction] += data
-            if direction in self._flip and len(data) > 100:
-                self._flip.discard(direction)
-                data = bytearray(data)
-                data[len(data) // 2] ^= 1
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._server.close()
-
-
 @pytest.fixture
 def proxy(curve_hub):
-    p = _Proxy(int(curve_hub.url.rsplit(":", 1)[1]))
+    p = RecordingProxy(("127.0.0.1", int(curve_hub.url.rsplit(":", 1)[1])))
     yield p
     p.close()
 
 
-def _through(proxy: _Proxy, enrolment, cid: str = "d1") -> tensorwire.Channel:
+def _through(proxy: RecordingProxy, enrolment, cid: str = "d1") -> tensorwire.Channel:
     url = f"zmq+tcp://127.0.0.1:{proxy.port}"
     return tensorwire.connect(url, client_id=cid, codec=None, **_secured(enrolment, cid))
 
