@@ -30,6 +30,7 @@ import pytest
 
 import tensorwire
 from tensorwire.errors import (
+    AuthenticationError,
     MessageTooLarge,
     PeerGone,
     TransportError,
@@ -37,8 +38,10 @@ from tensorwire.errors import (
     TruncatedMessage,
     WireError,
 )
+from tensorwire.transports.udp import channel as udp_channel
 from tensorwire.transports.udp import hub as udp_hub
 from tensorwire.transports.udp import link as udp_link
+from tensorwire.transports.udp import sockets as udp_sockets
 from tensorwire.transports.udp.link import Link, Received, UdpStats, decode_received
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.options import UdpOptions, parse_rate, parse_udp_url
@@ -57,7 +60,7 @@ def _drop_datagrams(monkeypatch, lose) -> list[int]:
     dropped: list[int] = []
 
     def send(sock, parts, address, deadline):
-        head = bytes(parts[0][:40])
+        head = bytes(parts[0][-40:])  # a sealed datagram's clear part ends with it
         mid, index = struct.unpack_from("<Q", head, 8)[0], _INDEX.unpack_from(head, 16)[0]
         if lose(mid, index):
             dropped.append(index)
@@ -111,7 +114,10 @@ def test_pacing_keeps_to_the_rate():
     assert 0.9 * expected <= elapsed <= 10 * expected
 
 
-def test_reliable_resends_exactly_the_lost_datagrams(monkeypatch):
+@pytest.mark.parametrize("secured", [False, True])
+def test_reliable_resends_exactly_the_lost_datagrams(monkeypatch, enrolment, secured):
+    # secured: each resend is sealed anew (a fresh sequence number), so none is a replay
+    hub_opts, client_opts = _secured(enrolment) if secured else ({}, {})
     first_try: set[tuple[int, int]] = set()
 
     def lose(mid: int, index: int) -> bool:  # the first copy of every 7th chunk, header too
@@ -122,10 +128,10 @@ def test_reliable_resends_exactly_the_lost_datagrams(monkeypatch):
 
     dropped = _drop_datagrams(monkeypatch, lose)
     arr = np.random.default_rng(1).standard_normal(100_000).astype(np.float32)
-    with _serve("reliable") as hub:
-        ch = tensorwire.connect(hub.url, client_id="r", timeout=T)
+    with _serve("reliable", **hub_opts) as hub:
+        ch = tensorwire.connect(hub.url, client_id="dev1", timeout=T, **client_opts)
         hub.wait_for(1, timeout=T)
-        hub.send("r", {"w": arr}, timeout=T)
+        hub.send("dev1", {"w": arr}, timeout=T)
         msg = ch.recv(timeout=T)
         assert msg["w"].tobytes() == arr.tobytes()
         assert msg.loss == {"w": 0.0}
@@ -133,6 +139,7 @@ def test_reliable_resends_exactly_the_lost_datagrams(monkeypatch):
         assert hub.udp_stats.nack_rounds == 1
         ch.send({"back": arr})  # and the other way
         assert hub.recv(timeout=T)[1]["back"].tobytes() == arr.tobytes()
+        assert ch.udp_stats.refused_datagrams == hub.udp_stats.refused_datagrams == 0
         ch.close()
 
 
@@ -443,6 +450,199 @@ def test_a_best_effort_send_cut_by_its_deadline_is_dropped_not_delivered():
         hub.send("c", {"w": np.arange(3.0)}, timeout=T)
         assert np.array_equal(ch.recv(timeout=T)["w"], np.arange(3.0))
         ch.close()
+
+
+# -- secured: TLS on the control link, sealed datagrams -----------------------------------
+
+MARKER = b"TENSORWIRE-CLEARTEXT-MARKER-0042"  # in every tensor and in the meta: never in clear
+
+
+@pytest.fixture(scope="module")
+def enrolment(tmp_path_factory):
+    from tensorwire.transports.certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"), hosts=["127.0.0.1"], clients=["dev1"])
+
+
+def _secured(e) -> tuple[dict, dict]:
+    """``serve`` and ``connect`` (as dev1) keyword arguments: mutual TLS and enrolled keys."""
+    d = e.devices["dev1"]
+    hub = {"tls": tensorwire.TLS(cert=e.hub_cert, key=e.hub_key, ca=e.ca), "auth": e.keys}
+    client = {"tls": tensorwire.TLS(cert=d["cert"], key=d["key"], ca=e.ca), "key": d["secret"]}
+    return hub, client
+
+
+def _capture(monkeypatch) -> bytearray:
+    """Keep every byte udp:// hands the kernel, datagrams and control links, both ways."""
+    seen = bytearray()
+    real_datagram, real_control = udp_link.send_datagram, udp_sockets.ControlWriter._send
+    real_hello = udp_channel.sendmsg_all
+
+    def datagram(sock, parts, address, deadline):
+        seen.extend(b"".join(bytes(p) for p in parts))
+        real_datagram(sock, parts, address, deadline)
+
+    def control(self, data):
+        n = real_control(self, data)
+        seen.extend(data[:n])
+        return n
+
+    def hello(sock, buffers, deadline=None):
+        seen.extend(b"".join(bytes(b) for b in buffers))
+        real_hello(sock, buffers, deadline)
+
+    monkeypatch.setattr(udp_link, "send_datagram", datagram)
+    monkeypatch.setattr(udp_sockets.ControlWriter, "_send", control)
+    monkeypatch.setattr(udp_channel, "sendmsg_all", hello)
+    return seen
+
+
+@pytest.mark.parametrize("security", ["none", "tls", "tls+keys"])
+@pytest.mark.parametrize("mode", ["reliable", "best-effort"])
+def test_secured_sessions_send_no_tensor_or_header_byte_in_clear(
+    monkeypatch, enrolment, mode, security
+):
+    # "tls": the hub's certificate only, no keys: the datagram key is the welcome's alone
+    seen = _capture(monkeypatch)
+    secured = security != "none"
+    hub_opts, client_opts = _secured(enrolment) if secured else ({}, {})
+    if security == "tls":
+        hub_opts = {"tls": tensorwire.TLS(cert=enrolment.hub_cert, key=enrolment.hub_key)}
+        client_opts = {"tls": tensorwire.TLS(ca=enrolment.ca)}
+    pattern = np.frombuffer(MARKER * 2048, np.uint8)  # 64 KiB: many datagrams at mtu 1472
+    with _serve(mode, **hub_opts) as hub:
+        ch = tensorwire.connect(hub.url, client_id="dev1", codec=None, timeout=T, **client_opts)
+        hub.wait_for(1, timeout=T)
+        hub.send("dev1", {"p": pattern}, meta={"m": MARKER.decode()}, timeout=T)
+        msg = ch.recv(timeout=T)
+        assert np.array_equal(msg["p"], pattern) and msg.meta == {"m": MARKER.decode()}
+        ch.send({"p": pattern}, meta={"m": MARKER.decode()}, timeout=T)
+        assert np.array_equal(hub.recv(timeout=T)[1]["p"], pattern)
+        ch.close()
+    assert len(seen) > 2 * pattern.nbytes, "nothing captured: the test is broken"
+    # the control: without tls= the same capture does see the tensors and the meta
+    assert (MARKER[:16] in seen) is not secured
+    assert (b"dev1" in seen) is not secured  # the hello's client id: inside TLS too
+
+
+def _tamper(monkeypatch, sent: list[tuple]) -> None:
+    """Make every sender also send each datagram again (a replay) and an altered copy of it
+    (a bit flipped in the clear chunk header, or in the sealed payload); keep each original
+    as ``(socket, address, bytes)`` in ``sent``, to replay later."""
+    real = udp_link.send_datagram
+
+    def send(sock, parts, address, deadline):
+        real(sock, parts, address, deadline)
+        d = bytearray(b"".join(bytes(p) for p in parts))
+        sent.append((sock, address, bytes(d)))
+        real(sock, [bytes(d)], address, deadline)
+        d[8 + 16 if len(sent) % 2 else len(d) - 20] ^= 0x01  # a chunk index, or a payload byte
+        real(sock, [bytes(d)], address, deadline)
+
+    monkeypatch.setattr(udp_link, "send_datagram", send)
+
+
+@pytest.mark.parametrize("mode", ["reliable", "best-effort"])
+def test_replayed_altered_or_forged_datagrams_are_dropped_and_counted(monkeypatch, enrolment, mode):
+    hub_opts, client_opts = _secured(enrolment)
+    sent: list[tuple] = []
+    arr = np.random.default_rng(3).standard_normal(50_000)
+    with _serve(mode, **hub_opts) as hub:
+        ch = tensorwire.connect(hub.url, client_id="dev1", codec=None, timeout=T, **client_opts)
+        hub.wait_for(1, timeout=T)
+        _tamper(monkeypatch, sent)
+        for r in range(3):
+            if r == 2:  # every datagram of round 0 again, now that round 2 is on the way
+                for sock, address, d in list(sent):
+                    udp_sockets.send_datagram(sock, [d], address, None)
+            hub.send("dev1", {"w": arr + r}, meta={"r": r}, timeout=T)
+            ch.send({"w": arr - r}, meta={"r": r}, timeout=T)
+            msg = ch.recv(timeout=T)
+            assert msg.meta == {"r": r} and msg["w"].tobytes() == (arr + r).tobytes()
+            assert msg.loss == {"w": 0.0}
+            cid, msg = hub.recv(timeout=T)
+            assert cid == "dev1"
+            assert msg.meta == {"r": r} and msg["w"].tobytes() == (arr - r).tobytes()
+        monkeypatch.undo()
+        ch._udp.send(b"\0" * 100)  # junk from the client's own address
+        ch._udp.send(sent[0][2][:30])  # too short to be sealed
+        n = len(sent)  # originals; each went out twice more (replayed, altered)
+        deadline = time.monotonic() + T
+        while (
+            hub.udp_stats.refused_datagrams + ch.udp_stats.refused_datagrams < 2 * n + 2
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
+        with pytest.raises(TransportTimeout):  # nothing more was delivered, either way
+            ch.recv(timeout=0.3)
+        with pytest.raises(TransportTimeout):
+            hub.recv(timeout=0.01)
+        # the round-0 copies sent during round 2 are refused too, hence "at least"
+        assert hub.udp_stats.refused_datagrams + ch.udp_stats.refused_datagrams >= 2 * n + 2
+        for side in (hub, ch):
+            assert side.udp_stats.refused_datagrams > 0, side.udp_stats
+            assert set(side.errors.counts) == {"AuthenticationError"}, side.errors.counts
+            assert side.errors.total <= 4  # reported once a second, not once a datagram
+            assert side.udp_stats.partial_messages == side.udp_stats.lost_messages == 0
+        hub.send("dev1", {"w": arr}, timeout=T)  # the session goes on
+        assert ch.recv(timeout=T)["w"].tobytes() == arr.tobytes()
+        ch.close()
+
+
+def test_a_secured_hub_handshakes_in_its_loop_so_stalled_or_junk_tls_holds_no_one_up(
+    monkeypatch, enrolment
+):
+    monkeypatch.setattr(udp_hub, "HANDSHAKE_TIMEOUT", 1.0)
+    hub_opts, client_opts = _secured(enrolment)
+    with _serve("reliable", **hub_opts) as hub:
+        address = ("127.0.0.1", parse_udp_url(hub.url)[1])
+        stalled = socket.create_connection(address, timeout=T)
+        stalled.sendall(bytes.fromhex("160301020001"))  # a ClientHello cut short, then silence
+        junk = socket.create_connection(address, timeout=T)
+        junk.sendall(b"\x16\x03\x03\x00\x05" + b"\xff" * 5)  # a handshake record of junk
+        with tensorwire.connect(hub.url, client_id="dev1", timeout=T, **client_opts) as ch:
+            assert hub.wait_for(1, timeout=T) == ["dev1"]
+            hub.send("dev1", {"v": np.arange(3)}, timeout=T)
+            assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
+        for s in (junk, stalled):  # each closed: the junk at once (after an alert), the
+            s.settimeout(T)  # stalled one at its handshake timeout
+            while s.recv(1 << 10):
+                pass
+        reasons = [e.reason for e in hub.events if e.kind == "refused"]
+        assert any("TLS handshake failed" in r for r in reasons), reasons
+        assert any("said no hello" in r for r in reasons), reasons
+        with pytest.raises(AuthenticationError, match="takes TLS only"):  # a client in clear
+            tensorwire.connect(hub.url, client_id="dev1", key=client_opts["key"], timeout=T)
+        for s in (stalled, junk):
+            s.close()
+
+
+def test_a_second_session_proving_the_credential_replaces_the_first(enrolment):
+    hub_opts, client_opts = _secured(enrolment)
+    with _serve("reliable", **hub_opts) as hub:
+        old = tensorwire.connect(hub.url, client_id="dev1", timeout=T, **client_opts)
+        hub.wait_for(1, timeout=T)
+        new = tensorwire.connect(hub.url, client_id="dev1", timeout=T, **client_opts)
+        deadline = time.monotonic() + T
+        while not any(e.kind == "replaced" for e in hub.events) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.clients == ["dev1"]
+        with pytest.raises(PeerGone):  # the hub ended the old session
+            old.recv(timeout=T)
+        hub.send("dev1", {"v": np.arange(4)}, timeout=T)  # sealed under the new session's key
+        assert np.array_equal(new.recv(timeout=T)["v"], np.arange(4))
+        new.send({"v": np.arange(2)}, timeout=T)
+        assert np.array_equal(hub.recv(timeout=T)[1]["v"], np.arange(2))
+        for ch in (old, new):
+            ch.close()
+
+
+def test_tls_needs_an_mtu_with_room_for_the_seal(enrolment):
+    hub_opts, client_opts = _secured(enrolment)
+    with pytest.raises(TransportError, match="sealed chunk"):
+        tensorwire.serve("udp://127.0.0.1:0?mtu=64", **hub_opts)
+    with pytest.raises(TransportError, match="sealed chunk"):
+        tensorwire.connect("udp://127.0.0.1:9?mtu=64", **client_opts)
 
 
 # -- 10 % random loss in a pair of network namespaces -----------------------------------

@@ -175,3 +175,19 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
         socks.append(socket.create_connection(address, timeout=10))
     for s in socks:
         s.close()
+
+
+def proxy_target(hub_url: str) -> tuple[str, int]:
+    """Where a recording proxy forwards a client's control connection to: the hub's port."""
+    from tensorwire.transports.url import host_port
+
+    return host_port(hub_url)
+
+
+def proxied_url(hub_url: str, port: int) -> str:
+    """The hub's URL with its control link reached through a TCP proxy on 127.0.0.1:``port``
+    (the datagrams go straight to the UDP port the hub's welcome names; test_udp.py checks
+    that they are sealed)."""
+    from urllib.parse import urlsplit
+
+    return f"udp://127.0.0.1:{port}?{urlsplit(hub_url).query}"

@@ -24,6 +24,10 @@ Modes (the hub's applies to the whole session; see ``link.py``):
 ``mtu`` defaults to 1472 (an Ethernet path); on loopback ``mtu=65000`` is much faster.
 ``buffer`` is the kernel socket buffer asked for (bytes; beyond ``net.core.rmem_max`` with
 CAP_NET_ADMIN only).
+
+With ``tls=`` (and ``auth=`` keys on the hub, ``key=`` on the client) only enrolled clients
+join, the control link runs TLS 1.3 and every datagram is sealed with AES-256-GCM under a key
+agreed on it (``secure.py``; ``docs/transports/udp.md`` section 13).
 """
 
 from tensorwire.transports.udp.channel import UdpChannel

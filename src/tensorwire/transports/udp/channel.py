@@ -1,5 +1,10 @@
 """The udp:// channel: a UDP socket connected to the hub, and a TCP control connection that
-carries the session (hello -> welcome | refuse, bye) and the datagrams' control messages."""
+carries the session (hello -> welcome | refuse, bye) and the datagrams' control messages.
+
+With ``tls=`` the control connection runs TLS 1.3 (handshaken here, before the I/O loop takes
+the socket; then the loop feeds what it reads through the same ``secure.TlsPipe``) and the
+datagrams are sealed under the key the welcome brings; ``key=`` proves the client's secret.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +20,13 @@ import numpy as np
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
 from tensorwire.transports.base import (
     Channel,
-    ErrorLog,
     Inbox,
-    _log_limited,
     deadline_after,
     default_client_id,
     dial,
     remaining,
 )
+from tensorwire.transports.security import TLS
 from tensorwire.transports.session import (
     CONTROL_KINDS,
     ClientSession,
@@ -30,10 +34,17 @@ from tensorwire.transports.session import (
     Welcomed,
     bye,
 )
-from tensorwire.transports.stream_socket import send_encoded
+from tensorwire.transports.stream_socket import sendmsg_all, wait_ready
 from tensorwire.transports.udp.link import Link, UdpStats, control_limits, decode_received
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.options import MODES, parse_udp_url
+from tensorwire.transports.udp.secure import (
+    DATAGRAM_KEY_BYTES,
+    DatagramSeal,
+    TlsPipe,
+    check_sealed_mtu,
+    datagram_key,
+)
 from tensorwire.transports.udp.sockets import (
     CONTROL_READ_BYTES,
     MAX_DATAGRAM,
@@ -58,7 +69,7 @@ def _close(sock: socket.socket) -> None:
 @dataclass
 class _Connection:
     """What a successful hello leaves: the sockets, the open session, and what came after
-    the welcome; ``rtt`` is the hello's round trip, seconds."""
+    the welcome; ``rtt`` is the hello's round trip, seconds; ``seal`` the datagrams' (TLS)."""
 
     control: socket.socket
     udp: socket.socket
@@ -67,6 +78,28 @@ class _Connection:
     welcome: Welcomed
     rest: list[Message | WireError]
     rtt: float
+    seal: DatagramSeal | None
+
+
+def _tls_handshake(sock: socket.socket, tls: TlsPipe, deadline: float | None) -> None:
+    """Run ``tls``'s client handshake over the blocking ``sock`` by ``deadline``."""
+    while True:
+        try:
+            done = tls.handshake()
+        except TransportError:
+            with contextlib.suppress(TransportError, OSError):  # the alert tells the hub why
+                sendmsg_all(sock, [tls.take_output()], deadline)
+            raise
+        out = tls.take_output()
+        if out:
+            sendmsg_all(sock, [out], deadline)
+        if done:
+            return
+        wait_ready(sock, select.POLLIN, deadline, "TLS handshake")
+        data = sock.recv(1 << 16)
+        if not data:
+            raise PeerGone("the hub closed the connection during the TLS handshake")
+        tls.receive(data)
 
 
 def _first_messages(reader: ControlReader, deadline: float | None) -> list[Message | WireError]:
@@ -83,6 +116,14 @@ def _first_messages(reader: ControlReader, deadline: float | None) -> list[Messa
                 return items
 
 
+def _hub_udp_port(welcome: Welcomed, default: int) -> int:
+    """The port the hub's welcome says its datagrams use (the URL's if it says none)."""
+    port = welcome.meta.get("udp_port", default)
+    if type(port) is not int or not 0 < port < 65536:
+        raise SessionRefused(f"the hub's welcome names no valid UDP port ({port!r})")
+    return port
+
+
 class UdpChannel(Channel):
     """A client of a :class:`UdpHub`; retries reaching it for ``timeout`` seconds.
 
@@ -91,7 +132,9 @@ class UdpChannel(Channel):
     a lost range keeps the last round's values; ``msg.loss`` reports the lost fraction per
     tensor (in either mode), and a message the hub sent whose header or half whose bytes
     were lost raises ``TruncatedMessage`` (the next ``recv`` goes on). ``udp_stats`` counts
-    datagrams, retransmits and losses; ``errors`` keeps what was dropped (bad chunks).
+    datagrams, retransmits and losses; ``errors`` keeps what was dropped (bad chunks, and
+    datagrams that do not verify). ``tls=`` runs the control link under TLS and seals the
+    datagrams; ``key=`` (the enrolled secret) proves this client's id to a hub with keys.
     """
 
     protocol = "udp"
@@ -105,14 +148,19 @@ class UdpChannel(Channel):
         checksum: bool = True,
         limits: Limits = Limits(),
         timeout: float = 30.0,
+        tls: TLS | None = None,
+        key: Any = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
         self._host, self._port, self.options = parse_udp_url(url)
         self.client_id = client_id or default_client_id()
         self.mode = self.options.mode or "reliable"
+        self._credentials(tls, key)
+        self._ssl = None if tls is None else tls.client_context()
+        if self._ssl is not None:
+            check_sealed_mtu(self.options.mtu)
         self.udp_stats = UdpStats()
-        self.errors = ErrorLog()
         self._rxbuf = bytearray(MAX_DATAGRAM)
         self._closed = True
         self.reconnect(timeout)
@@ -137,21 +185,27 @@ class UdpChannel(Channel):
     def _hello(
         self, control: socket.socket, udp: socket.socket, deadline: float | None
     ) -> _Connection:
-        """Say hello on ``control`` (naming ``udp``'s port); return the open session."""
-        session = ClientSession(
-            self.client_id,
-            decoders=self.decoders,
-            max_message_bytes=self.limits.max_message_bytes,
-            hello_meta={"udp_port": udp.getsockname()[1]},
-            where=f"the hub at {self.url}",
-        )
-        reader = ControlReader(control, control_limits(self.limits), bytearray(CONTROL_READ_BYTES))
+        """Say hello on ``control`` (naming ``udp``'s port), under TLS if this channel has
+        it; return the open session."""
+        tls = None
+        if self._ssl is not None:
+            assert self.tls is not None
+            name = self.tls.server_name or self._host
+            tls = TlsPipe(self._ssl, server_side=False, server_hostname=name)
+            _tls_handshake(control, tls, deadline)
+        session = self._client_session(f"the hub at {self.url}", udp_port=udp.getsockname()[1])
+        buf = bytearray(CONTROL_READ_BYTES)
+        reader = ControlReader(control, control_limits(self.limits), buf, tls)
         t = time.perf_counter()
-        send_encoded(control, session.hello(), deadline)
+        hello = session.hello().to_bytes()
+        sendmsg_all(control, [hello if tls is None else tls.encrypt(hello)], deadline)
         items = _first_messages(reader, deadline)
         rtt = time.perf_counter() - t
         if isinstance(items[0], WireError):
-            raise items[0]
+            raise SessionRefused(
+                f"the hub at {self.url} answered with bytes that are not a tensorwire message "
+                f"({items[0]}): does it run TLS (tls=) where this channel does not?"
+            )
         welcome = session.receive(items[0])  # raises the hub's refusal
         if not isinstance(welcome, Welcomed):
             raise TransportError(f"the hub at {self.url} did not answer with a welcome")
@@ -163,7 +217,17 @@ class UdpChannel(Channel):
                 f"the hub at {self.url} runs mode={mode}, this channel asked for "
                 f"mode={self.options.mode}: use the hub's URL"
             )
-        return _Connection(control, udp, reader, session, welcome, items[1:], rtt)
+        port = _hub_udp_port(welcome, self._port)
+        if port != self._port:  # the control link reaches the hub through a proxy, say
+            peer = udp.getpeername()
+            udp.connect((peer[0], port, *peer[2:]))
+        seal = None
+        if tls is not None:
+            welcome_key = welcome.meta.get("datagram_key")
+            if not isinstance(welcome_key, bytes) or len(welcome_key) != DATAGRAM_KEY_BYTES:
+                raise SessionRefused(f"the hub at {self.url} sent no key for the datagrams")
+            seal = DatagramSeal(datagram_key(welcome_key, session.key), hub=False)
+        return _Connection(control, udp, reader, session, welcome, items[1:], rtt, seal)
 
     def reconnect(self, timeout: float = 30.0) -> None:
         """(Re)join the hub with the same client id, over new sockets."""
@@ -184,13 +248,14 @@ class UdpChannel(Channel):
             udp=conn.udp,
             address=None,
             reader=conn.reader,
-            writer=ControlWriter(conn.control, self._loop, self._broken),
+            writer=ControlWriter(conn.control, self._loop, self._broken, tls=conn.reader.tls),
             deliver=self._inbox.put,
-            reject=self._reject,
+            reject=self._rejected,
             stats=self.udp_stats,
             limits=self.limits,
             session=conn.session,
             rtt_fallback=conn.rtt,
+            seal=conn.seal,
         )
         self._loop.add(conn.udp, self._drain)
         self._loop.add(conn.control, self._on_control)
@@ -201,13 +266,6 @@ class UdpChannel(Channel):
 
     # -- I/O thread ------------------------------------------------------------------------
 
-    def _reject(self, exc: WireError) -> None:
-        """Input dropped, not raised from ``recv``: kept in ``errors``, logged (rate-limited)."""
-        self.errors.append(("hub", exc))
-        _log_limited(
-            f"udp channel {self.client_id}", f"udp: {self.client_id}: dropped input: {exc}"
-        )
-
     def _drain(self) -> None:
         drain(self._udp, self._rxbuf, self._on_datagram, DRAIN_BUDGET)
 
@@ -215,7 +273,7 @@ class UdpChannel(Channel):
         try:
             self._link.on_datagram(view, now)
         except WireError as exc:
-            self._reject(exc.with_traceback(None))  # its frames hold buffers
+            self._rejected(exc)
         except PeerGone:
             pass  # its ack could not be written: the writer's on_broken ends the session
 
@@ -240,7 +298,7 @@ class UdpChannel(Channel):
             if link.closed:
                 return
             if isinstance(item, WireError):
-                self._reject(item.with_traceback(None))
+                self._rejected(item)
                 if link.reader.stream.broken:
                     self._lost(PeerGone(f"the hub sent bytes that are not a message ({item})"))
                     return
@@ -253,7 +311,7 @@ class UdpChannel(Channel):
                 else:
                     link.on_control(item, now)
             except WireError as exc:
-                self._reject(exc.with_traceback(None))
+                self._rejected(exc)
             except PeerGone:  # an answer could not be written: the writer's on_broken ends
                 continue  # the session once the rest of what the hub said (acks) is taken
 

@@ -3,16 +3,22 @@ same port number for their control connections.
 
 Each control connection carries one session (``docs/session.md``): its first message, read
 under :data:`~tensorwire.transports.session.HELLO_LIMITS`, is the client's ``hello`` (with
-its ``udp_port``); the hub answers ``welcome`` (with its ``mode``) or ``refuse``; then the
-link's ``sent`` / ``ack`` / ``nack`` / ``drop`` flow both ways, and ``bye`` ends it. Data
-messages come and go as datagrams (``link.py``). One I/O thread reads every socket; a
-decode thread turns what it reassembled into messages, in arrival order.
+its ``udp_port``); the hub answers ``welcome`` (with its ``mode`` and UDP port) or
+``refuse``; then the link's ``sent`` / ``ack`` / ``nack`` / ``drop`` flow both ways, and
+``bye`` ends it. Data messages come and go as datagrams (``link.py``). One I/O thread reads
+every socket; a decode thread turns what it reassembled into messages, in arrival order.
+
+With ``tls=`` the control connections run TLS 1.3 (mutual when the settings name a CA: the
+certificate's name must be the hello's client id), handshaken in the I/O thread
+(``secure.TlsPipe``), and the welcome carries a fresh random key from which both sides derive
+the AEAD key of the session's datagrams (with the session key, when ``auth=`` enrols keys).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import socket
 import threading
@@ -23,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tensorwire.errors import (
+    AuthenticationError,
     ChunkError,
     PeerGone,
     SessionRefused,
@@ -31,6 +38,7 @@ from tensorwire.errors import (
     WireError,
 )
 from tensorwire.transports.base import Hub, deadline_after
+from tensorwire.transports.security import peer_common_name
 from tensorwire.transports.session import (
     CONTROL_KINDS,
     HELLO_LIMITS,
@@ -49,6 +57,13 @@ from tensorwire.transports.udp.link import (
 )
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.options import parse_udp_url
+from tensorwire.transports.udp.secure import (
+    DATAGRAM_KEY_BYTES,
+    DatagramSeal,
+    TlsPipe,
+    check_sealed_mtu,
+    datagram_key,
+)
 from tensorwire.transports.udp.sockets import (
     CONTROL_READ_BYTES,
     MAX_DATAGRAM,
@@ -59,6 +74,7 @@ from tensorwire.transports.udp.sockets import (
     peer_key,
 )
 from tensorwire.wire import EncodedMessage, Message
+from tensorwire.wire.format import MAGIC
 from tensorwire.wire.tensors import TensorPath, flatten
 
 log = logging.getLogger("tensorwire.transports.udp")
@@ -75,8 +91,10 @@ class _Handshake:
     sock: socket.socket
     address: Any
     reader: ControlReader
-    session: HubSession
+    writer: ControlWriter
     expires: float  # time.perf_counter() seconds
+    session: HubSession | None = None  # made when the hello comes (after the TLS handshake)
+    welcome_key: bytes | None = None  # TLS only: sent in the welcome, the datagrams' key
 
 
 @dataclass(frozen=True)
@@ -94,8 +112,9 @@ class UdpHub(Hub):
     """Hub at ``udp://host:port?mode=reliable|best-effort&mtu=1472&rate=5mbit``.
 
     Port 0 picks a free one; :attr:`url` has the real port and the options, for clients.
-    ``udp_stats`` counts datagrams, retransmits, losses and dropped strangers' datagrams
-    over every client.
+    ``udp_stats`` counts datagrams, retransmits, losses and dropped strangers' (and, secured,
+    unverified) datagrams over every client. ``tls=`` / ``auth=`` as for every hub: TLS on
+    the control links, sealed datagrams, enrolled clients only.
     """
 
     protocol = "udp"
@@ -104,6 +123,9 @@ class UdpHub(Hub):
         super().__init__(**options)
         host, port, self.options = parse_udp_url(url, default_port=0)
         self.mode = self.options.mode or "reliable"
+        self._ssl = None if self.tls is None else self.tls.server_context()
+        if self._ssl is not None:
+            check_sealed_mtu(self.options.mtu)
         self._udp, self._listener = bind_pair(host, port, self.options.buffer)
         shown = f"[{host}]" if ":" in host else host
         self.url = f"udp://{shown}:{self._udp.getsockname()[1]}?{self.options.query(self.mode)}"
@@ -116,6 +138,7 @@ class UdpHub(Hub):
         self._previous: dict[str, dict[TensorPath, np.ndarray]] = {}  # best-effort "out"
         self._rxbuf = bytearray(MAX_DATAGRAM)
         self._controlbuf = bytearray(CONTROL_READ_BYTES)  # every control reader's, in turn
+        self._plainbuf = bytearray(CONTROL_READ_BYTES)  # and, under TLS, what it decrypts to
         self._strangers = 0  # their datagrams since the last report
         self._strangers_reported = -STRANGER_REPORT_S  # time.monotonic() of the last report
         # Joins, messages, errors and leaves, in the order the I/O thread saw them.
@@ -163,7 +186,7 @@ class UdpHub(Hub):
         try:
             link.on_datagram(view, now)
         except WireError as exc:
-            self._rejected(link.label, exc.with_traceback(None))  # its frames hold buffers
+            self._rejected(link.label, exc)
         except PeerGone:
             pass  # its ack could not be written: the writer's on_broken ends the session
 
@@ -206,23 +229,37 @@ class UdpHub(Hub):
             _close(conn)
             return
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        options = self._session_options()
-        authenticate = options["authenticate"]
-
-        def check(hello: Hello, tls_name: str | None = None) -> Any:
-            self._check_udp_port(address[0], hello)
-            return ({}, None) if authenticate is None else authenticate(hello, tls_name)
-
-        options["authenticate"] = check
+        tls = None if self._ssl is None else TlsPipe(self._ssl, server_side=True)
         hs = _Handshake(
             conn,
             address,
-            ControlReader(conn, HELLO_LIMITS, self._controlbuf),
-            HubSession(**options, welcome_meta={"mode": self.mode}),
+            ControlReader(conn, HELLO_LIMITS, self._controlbuf, tls, self._plainbuf),
+            ControlWriter(conn, self._loop, lambda exc: self._end_handshake(hs), tls=tls),
             time.perf_counter() + HANDSHAKE_TIMEOUT,
         )
         self._handshakes[conn] = hs
         self._loop.add(conn, lambda: self._on_handshake(hs))
+
+    def _new_session(self, hs: _Handshake) -> HubSession:
+        """The session of a connection whose first message came (its TLS handshake done)."""
+        options = self._session_options()
+        authenticate = options["authenticate"]
+        host = hs.address[0]
+
+        def check(hello: Hello, tls_name: str | None = None) -> Any:
+            # the credential first: a stranger learns nothing of whose port is whose
+            result = ({}, None) if authenticate is None else authenticate(hello, tls_name)
+            self._check_udp_port(host, hello)
+            return result
+
+        options["authenticate"] = check
+        welcome = {"mode": self.mode, "udp_port": self._udp.getsockname()[1]}
+        tls_name = None
+        if hs.reader.tls is not None:
+            tls_name = peer_common_name(hs.reader.tls)
+            hs.welcome_key = os.urandom(DATAGRAM_KEY_BYTES)
+            welcome["datagram_key"] = hs.welcome_key  # inside TLS, only ever
+        return HubSession(**options, tls_name=tls_name, welcome_meta=welcome)
 
     def _check_udp_port(self, host: str, hello: Hello) -> None:
         """Refuse a hello without a ``udp_port``, or naming another client's: datagrams to
@@ -232,12 +269,11 @@ class UdpHub(Hub):
             raise SessionRefused("hello: 'udp_port' must be the client's UDP port number")
         owner = self._by_address.get((host, port))
         if owner is not None and owner.label != hello.client_id:
-            raise SessionRefused(f"hello: UDP port {host}:{port} is client {owner.label!r}'s")
+            raise SessionRefused(f"hello: UDP port {host}:{port} is another client's")
 
-    def _end_handshake(self, hs: _Handshake, close: bool = True) -> None:
-        self._handshakes.pop(hs.sock, None)
-        self._loop.remove(hs.sock)
-        if close:
+    def _end_handshake(self, hs: _Handshake) -> None:
+        if self._handshakes.pop(hs.sock, None) is not None:
+            self._loop.remove(hs.sock)
             _close(hs.sock)
 
     def _on_handshake(self, hs: _Handshake) -> None:
@@ -248,31 +284,63 @@ class UdpHub(Hub):
             log.debug("udp: %s closed its control connection before saying hello", hs.address)
             self._end_handshake(hs)
             return
+        except TransportError as exc:  # the TLS handshake failed
+            tls, why = hs.reader.tls, exc
+            if tls is not None and tls.opening == MAGIC:
+                # a client without tls= said hello in clear: a clear refusal tells it at once
+                why = AuthenticationError("this hub takes TLS only: connect with tls= or ?ca=")
+                with contextlib.suppress(OSError):
+                    hs.sock.send(HubSession.refusal(why).to_bytes(), socket.MSG_DONTWAIT)
+            elif tls is not None:
+                self._say(hs, None)  # its alert tells the peer why
+            self._refused(host, why)
+            self._end_handshake(hs)
+            return
+        if hs.reader.tls is not None and not self._say(hs, None):
+            return  # its handshake messages could not be sent: the writer ended it
         if not items:
             return
         first, rest = items[0], items[1:]
+        hs.session = session = self._new_session(hs)
         try:
             if isinstance(first, WireError):
                 raise first
-            event = hs.session.receive(first)
+            event = session.receive(first)
         except SessionRefused as exc:
-            with contextlib.suppress(OSError):  # the peer may not read: tell it if it fits
-                hs.sock.send(HubSession.refusal(exc).to_bytes(), socket.MSG_DONTWAIT)
+            self._say(hs, HubSession.refusal(exc))  # the peer may not read: told if it fits
             self._refused(host, exc)
             self._end_handshake(hs)
             return
         except WireError as exc:
-            self._refused(host, exc.with_traceback(None))
+            self._refused(host, exc)
             self._end_handshake(hs)
             return
         assert isinstance(event, Joined)
-        self._end_handshake(hs, close=False)
+        del self._handshakes[hs.sock]  # its connection goes on as the link's
         hs.reader.stream.limits = self._control_limits  # a member now: its control messages
         self._open_link(hs, event.hello, rest)
+
+    @staticmethod
+    def _say(hs: _Handshake, enc: EncodedMessage | None) -> bool:
+        """Write ``enc`` (None: what TLS has to say) on a connection not yet joined, without
+        waiting; False if the connection broke."""
+        try:
+            if enc is None:
+                hs.writer.push_tls()
+            else:
+                hs.writer.write(enc)
+        except TransportError:
+            return False
+        return True
 
     def _open_link(self, hs: _Handshake, hello: Hello, rest: list[Message | WireError]) -> None:
         cid = hello.client_id
         address = (hs.address[0], hello.meta["udp_port"])
+        session = hs.session
+        assert session is not None
+        seal = None
+        if hs.welcome_key is not None:
+            seal = DatagramSeal(datagram_key(hs.welcome_key, session.key), hub=True)
         link = Link(
             label=cid,
             mode=self.mode,
@@ -280,13 +348,15 @@ class UdpHub(Hub):
             udp=self._udp,
             address=address,
             reader=hs.reader,
-            writer=ControlWriter(hs.sock, self._loop, lambda exc: self._broken(link, exc)),
+            writer=hs.writer,
             deliver=lambda item: self._inbound.put((link, item)),
             reject=lambda exc: self._rejected(cid, exc),
             stats=self.udp_stats,
             limits=self.limits,
-            session=hs.session,
+            session=session,
+            seal=seal,
         )
+        hs.writer.on_broken = lambda exc: self._broken(link, exc)
         with self._lock:
             old = self._links.get(cid)
             self._links[cid] = link
@@ -294,10 +364,10 @@ class UdpHub(Hub):
             log.info("udp: client %r reconnected from %s; closing its old session", cid, address)
             self._drop_link(old, "replaced by a new session")
         self._by_address[peer_key(address)] = link
-        self._loop.add(hs.sock, lambda: self._on_control(link))
+        self._loop.set_reader(hs.sock, lambda: self._on_control(link))
         self._inbound.put((link, _Joined(hello)))
         try:
-            link.writer.write(hs.session.welcome())
+            link.writer.write(session.welcome())
         except PeerGone as exc:
             self._drop_link(link, str(exc))
             return
@@ -323,7 +393,7 @@ class UdpHub(Hub):
             if link.closed:
                 return
             if isinstance(item, WireError):
-                self._rejected(link.label, item.with_traceback(None))
+                self._rejected(link.label, item)
                 if link.reader.stream.broken:
                     self._drop_link(link, f"sent bytes that are not a tensorwire message ({item})")
                     return
@@ -338,7 +408,7 @@ class UdpHub(Hub):
                 else:
                     link.on_control(item, now)
             except WireError as exc:
-                self._rejected(link.label, exc.with_traceback(None))
+                self._rejected(link.label, exc)
             except PeerGone:  # an answer could not be written: the writer's on_broken ends
                 continue  # the session once the rest of what the peer said (acks) is taken
 
@@ -391,7 +461,7 @@ class UdpHub(Hub):
         try:
             msg = decode_received(self, got, out)
         except WireError as exc:
-            self._rejected(cid, exc.with_traceback(None))
+            self._rejected(cid, exc)
             return
         if not link.reliable:
             self._previous[cid] = dict(flatten(msg.tensors))

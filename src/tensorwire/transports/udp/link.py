@@ -15,6 +15,10 @@ paced by the link's token bucket; then a ``sent`` control message says the sende
   idle timeout if ``sent`` never comes (a long one while the header is still missing), if
   its header and at least half of its bytes came (else it is lost).
 
+With a ``seal`` (``secure.py``: the control link is under TLS) every datagram is sealed with
+an AEAD on its way out and opened on its way in; one that does not verify, or came before, is
+dropped and counted before the chunk path sees it.
+
 Receiving runs in the endpoint's I/O thread, and so does everything that touches a link's
 incoming messages; each message has its own ``ChunkReassembler`` so finishing one
 (complete, partial or dropped) never touches another. What a message costs is bounded by
@@ -37,6 +41,7 @@ import numpy as np
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
+    AuthenticationError,
     MalformedHeader,
     MessageTooLarge,
     PeerGone,
@@ -48,6 +53,7 @@ from tensorwire.errors import (
 from tensorwire.transports.base import deadline_after, remaining
 from tensorwire.transports.udp.options import UdpOptions
 from tensorwire.transports.udp.pacing import TokenBucket
+from tensorwire.transports.udp.secure import SEAL_OVERHEAD, DatagramSeal
 from tensorwire.transports.udp.sockets import (
     MAX_DATAGRAM,
     ControlReader,
@@ -94,6 +100,7 @@ RATE_SAMPLE = 16  # datagrams a round needs before its receive rate is reported
 PARTIAL_MIN_ARRIVED = 0.5  # a best-effort message with less of its bytes than this is lost
 PARTIAL_EXPANSION = 64  # a partial message's lost compressed tensors may decode to this x arrived
 CONTROL_HEADER_BYTES = 64 << 10  # a control message's header (a few fields) is far smaller
+REFUSED_REPORT_S = 1.0  # datagrams that do not verify are reported at most this often (seconds)
 _MESSAGE_ID = struct.Struct("<Q")  # at offset 8 of a chunk header
 
 
@@ -115,6 +122,7 @@ class UdpStats:
     partial_messages: int = 0  # best-effort messages delivered with lost ranges
     lost_messages: int = 0  # best-effort messages whose header or half their bytes were lost
     stranger_datagrams: int = 0  # datagrams from addresses of no joined peer, dropped
+    refused_datagrams: int = 0  # sealed sessions: datagrams that did not verify or came before
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -312,6 +320,7 @@ class Link:
     channel's ``ClientSession``), fed the session's messages on the control link.
     :meth:`send_message` runs in the caller's thread; the ``on_*`` methods,
     :meth:`tick` and :meth:`flush` in the I/O thread, which alone touches incoming messages.
+    ``seal`` (None: datagrams in clear) seals and opens the datagrams of a secured session.
     """
 
     def __init__(
@@ -325,11 +334,12 @@ class Link:
         reader: ControlReader,
         writer: ControlWriter,
         deliver: Callable[[Received | WireError], None],
-        reject: Callable[[WireError], None],
+        reject: Callable[[Exception], None],
         stats: UdpStats,
         limits: Limits,
         session: Any,
         rtt_fallback: float = 0.001,
+        seal: DatagramSeal | None = None,
     ) -> None:
         self.label = label
         self.session = session
@@ -346,6 +356,11 @@ class Link:
         self._deliver = deliver
         self._reject = reject
         self._rtt_fallback = rtt_fallback
+        self.seal = seal
+        # message bytes per datagram: the mtu less the chunk header and the seal, if any
+        self.chunk_payload = options.chunk_payload - (SEAL_OVERHEAD if seal else 0)
+        self._refused = 0  # datagrams that did not verify since the last report
+        self._refused_reported = -REFUSED_REPORT_S  # time.perf_counter() of the last report
         self._incoming: dict[int, _Incoming] = {}
         # Ids of finished messages -> delivered (True) or given up (False).
         self._finished: OrderedDict[int, bool] = OrderedDict()
@@ -479,13 +494,39 @@ class Link:
             (chunk_mid,) = _MESSAGE_ID.unpack_from(chunk, 8)
             if chunk_mid != mid:
                 raise MalformedHeader(f"{self.label}: a header chunk of another message in 'sent'")
-            self.on_datagram(chunk, now)
+            self._on_chunk(chunk, now)
 
     # -- receiving -----------------------------------------------------------------------
 
     def on_datagram(self, d: memoryview, now: float) -> None:
         """Take one datagram from the peer; ``WireError`` if it is not a valid chunk (it then
-        changes nothing), ``PeerGone`` if acknowledging the message it completes failed."""
+        changes nothing), ``PeerGone`` if acknowledging the message it completes failed. A
+        sealed session's datagram that does not verify is dropped and counted here."""
+        if self.seal is not None:
+            try:
+                d = self.seal.open(d)
+            except AuthenticationError as exc:
+                self._refuse(exc, now)
+                return
+        self._on_chunk(d, now)
+
+    def _refuse(self, exc: AuthenticationError, now: float) -> None:
+        """Count a datagram that did not verify; report it (``reject``) at most once per
+        ``REFUSED_REPORT_S``, as anyone who can spoof the peer's address can send them."""
+        self.stats.add(refused_datagrams=1)
+        self._refused += 1
+        if now - self._refused_reported < REFUSED_REPORT_S:
+            return
+        self._reject(
+            AuthenticationError(
+                f"dropped {self._refused} datagram(s) from {self.label}'s address that were "
+                f"not sealed by it for this session, the last: {exc}"
+            )
+        )
+        self._refused, self._refused_reported = 0, now
+
+    def _on_chunk(self, d: memoryview, now: float) -> None:
+        """Take one chunk of the peer's (a datagram's, opened, or one a ``sent`` carried)."""
         if len(d) < CHUNK_HEADER_SIZE:
             parse_chunk(d)  # raises the ChunkError that says what is wrong
         (mid,) = _MESSAGE_ID.unpack_from(d, 8)
@@ -585,7 +626,7 @@ class Link:
         """Send one encoded message to the peer (reliable: until it has all of it). A send
         that fails part way (its deadline, say) tells the peer to drop what it got."""
         mid = new_message_id()
-        pending = _Outgoing(max(-(-enc.nbytes // self.options.chunk_payload), 1))
+        pending = _Outgoing(max(-(-enc.nbytes // self.chunk_payload), 1))
         with self._out_lock:
             if self.closed:
                 raise PeerGone(self._why)
@@ -603,6 +644,8 @@ class Link:
                 del self._outgoing[mid]
 
     def _send_datagram(self, parts: list[Any], pacer: TokenBucket | None, deadline: Any) -> None:
+        if self.seal is not None:
+            parts = self.seal.seal(parts)
         if pacer is not None:
             pacer.take(sum(len(p) for p in parts), deadline)
         send_datagram(self.udp, parts, self.address, deadline)
@@ -619,7 +662,7 @@ class Link:
         return sent
 
     def _send_best_effort(self, enc: EncodedMessage, mid: int, deadline: float | None) -> None:
-        payload = self.options.chunk_payload
+        payload = self.chunk_payload
         head_chunks = -(-len(enc.head) // payload)
         head: list[bytes] = []
         count = 0
@@ -643,7 +686,7 @@ class Link:
     def _send_reliable(
         self, enc: EncodedMessage, mid: int, pending: _Outgoing, deadline: float | None
     ) -> None:
-        payload = self.options.chunk_payload
+        payload = self.chunk_payload
         count = pending.count
         # Kept for resends; built while the first round goes out, so sending starts at once.
         chunks: list[list[Any]] = []

@@ -67,6 +67,11 @@ class IoLoop:
         """Call ``on_read`` whenever ``sock`` is readable (until :meth:`remove`)."""
         self._here(lambda: self._selector.register(sock, selectors.EVENT_READ, [on_read, None]))
 
+    def set_reader(self, sock: socket.socket, on_read: Handler) -> None:
+        """Call ``on_read`` from now on when ``sock`` (already added) is readable, keeping
+        what waits to be written; call from the loop's thread."""
+        self._selector.get_key(sock).data[0] = on_read
+
     def remove(self, sock: socket.socket) -> None:
         """Stop watching ``sock``; call from the loop's thread (or before it starts)."""
         with contextlib.suppress(KeyError, ValueError):  # not registered, or closed already

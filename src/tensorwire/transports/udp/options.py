@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlencode
 
 from tensorwire.errors import TransportError
-from tensorwire.transports.url import host_port
+from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import CHUNK_HEADER_SIZE
 
 MODES = ("reliable", "best-effort")
@@ -67,12 +67,7 @@ def _parse_size(text: str, name: str) -> int:
 def parse_udp_url(url: str, default_port: int | None = None) -> tuple[str, int, UdpOptions]:
     """``udp://host:port?...`` -> ``(host, port, options)``; ``TransportError`` if malformed."""
     host, port = host_port(url, default_port)
-    query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
-    unknown = set(query) - {"mode", "mtu", "rate", "buffer"}
-    if unknown:
-        raise TransportError(
-            f"{url!r}: unknown option(s) {sorted(unknown)}; udp:// takes mode, mtu, rate, buffer"
-        )
+    query = query_options(url, ("mode", "mtu", "rate", "buffer"))
     mode = query.get("mode")
     if mode is not None and mode not in MODES:
         raise TransportError(f"{url!r}: mode must be one of {', '.join(MODES)}, not {mode!r}")

@@ -18,6 +18,7 @@ from typing import Any
 
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
 from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.transports.udp.secure import TlsPipe
 from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.udp")
@@ -155,29 +156,45 @@ class ControlReader:
     """Reads control messages from a TCP socket the I/O loop found readable, never blocking.
 
     ``buf`` is where bytes land before the stream takes them: the readers of one I/O thread
-    share one, so a connection that says nothing costs no buffer of its own.
+    share one, so a connection that says nothing costs no buffer of its own. With ``tls``
+    (a :class:`~tensorwire.transports.udp.secure.TlsPipe`) they are ciphertext: each read
+    advances the handshake until it is complete, then decrypts into ``plain`` (shared too).
     """
 
-    def __init__(self, sock: socket.socket, limits: Limits, buf: bytearray) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        limits: Limits,
+        buf: bytearray,
+        tls: TlsPipe | None = None,
+        plain: bytearray | None = None,
+    ) -> None:
         self.sock = sock
         self.stream = MessageStream(limits=limits)
+        self.tls = tls
         self._buf = buf
+        self._plain = None if tls is None else memoryview(plain or bytearray(len(buf)))
 
     def read(self) -> list[Message | WireError]:
         """The messages (or the errors of bad ones) the bytes available now complete, in
-        order; ``PeerGone`` at EOF or on reset. After a framing error ``stream.broken`` is
-        true and the connection is unusable: close it."""
+        order; ``PeerGone`` at EOF or on reset, and a ``TransportError`` if TLS fails. After a
+        framing error ``stream.broken`` is true and the connection is unusable: close it."""
         try:
             n = self.sock.recv_into(self._buf, len(self._buf), socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            return []
+            n = None  # nothing new; a TLS pipe may still hold records from an earlier read
         except OSError as exc:
             raise PeerGone(f"control connection lost: {exc}") from None
-        if not n:
+        if n == 0:
             raise PeerGone("control connection closed")
         framing: WireError | None = None
         try:
-            self.stream.receive_data(memoryview(self._buf)[:n])
+            if self.tls is None:
+                if n is None:
+                    return []
+                self.stream.receive_data(memoryview(self._buf)[:n])
+            else:
+                self._decrypt(self.tls, n)
         except WireError as exc:
             framing = exc
         items: list[Message | WireError] = []
@@ -194,6 +211,22 @@ class ControlReader:
             items.append(framing)
         return items
 
+    def _decrypt(self, tls: TlsPipe, n: int | None) -> None:
+        """Take ``n`` bytes of ciphertext in ``buf`` and hand the stream what they decrypt to
+        (at most what arrived: a peer cannot make this loop longer than its bytes)."""
+        if n:
+            tls.receive(memoryview(self._buf)[:n])
+        if not tls.done and not tls.handshake():
+            return
+        plain = self._plain
+        assert plain is not None
+        while got := tls.read_into(plain):
+            self.stream.receive_data(plain[:got])
+            # a record that did not fill the buffer was taken whole: with no ciphertext left,
+            # asking again would only cost a call into OpenSSL (which lets go of the GIL)
+            if got < len(plain) and not tls.buffered:
+                break
+
 
 class ControlWriter:
     """Writes control messages to a TCP socket without ever blocking the writing thread.
@@ -202,6 +235,8 @@ class ControlWriter:
     the socket is writable, in order. A peer that lets more than ``max_backlog`` bytes pile
     up is not reading its control connection (hung, or hostile): the writer breaks, every
     later :meth:`write` raises ``PeerGone``, and ``on_broken(exc)`` runs in the loop's thread.
+    With ``tls`` it writes the records that carry each message, made under the writer's lock
+    so they are sent in the order they were made.
     """
 
     def __init__(
@@ -210,10 +245,12 @@ class ControlWriter:
         loop: IoLoop,
         on_broken: Callable[[PeerGone], None],
         max_backlog: int = MAX_CONTROL_BACKLOG,
+        tls: TlsPipe | None = None,
     ) -> None:
         self.sock = sock
+        self.tls = tls
         self._loop = loop
-        self._on_broken = on_broken
+        self.on_broken = on_broken
         self._max_backlog = max_backlog
         self._queue: deque[memoryview] = deque()
         self._queued = 0  # bytes in the queue
@@ -223,27 +260,43 @@ class ControlWriter:
     def write(self, enc: EncodedMessage) -> None:
         """Send ``enc`` now, or queue what the kernel did not take; ``PeerGone`` if the
         connection is broken or its backlog would pass ``max_backlog`` bytes."""
-        data = memoryview(enc.to_bytes())  # control messages are small: one copy, one syscall
+        data = enc.to_bytes()  # control messages are small: one copy, one syscall
         with self._lock:
-            if self.broken is not None:
-                raise self.broken
-            if not self._queue:
-                data = data[self._send(data) :]
-                if not data:
-                    return
-            if self._queued + len(data) > self._max_backlog:
-                self._break(
-                    PeerGone(
-                        f"the peer has not read {self._queued + len(data)} bytes of control "
-                        "messages: is its process stuck?"
-                    )
-                )
-                raise self.broken  # type: ignore[misc]
-            self._queue.append(data)
-            self._queued += len(data)
-            first = len(self._queue) == 1
+            first = self._put(data if self.tls is None else self.tls.encrypt(data))
         if first:
             self._loop.want_write(self.sock, self._on_writable)
+
+    def push_tls(self) -> None:
+        """Send (or queue) what the TLS pipe has to say by itself: handshake messages, an
+        alert. ``PeerGone`` as :meth:`write`."""
+        assert self.tls is not None
+        with self._lock:
+            data = self.tls.take_output()
+            first = bool(data) and self._put(data)
+        if first:
+            self._loop.want_write(self.sock, self._on_writable)
+
+    def _put(self, data: bytes) -> bool:
+        """Send ``data`` or queue it behind what waits, with the lock held; True if the queue
+        was empty and is not now (the loop must watch for room)."""
+        if self.broken is not None:
+            raise self.broken
+        view = memoryview(data)
+        if not self._queue:
+            view = view[self._send(view) :]
+            if not view:
+                return False
+        if self._queued + len(view) > self._max_backlog:
+            self._break(
+                PeerGone(
+                    f"the peer has not read {self._queued + len(view)} bytes of control "
+                    "messages: is its process stuck?"
+                )
+            )
+            raise self.broken  # type: ignore[misc]
+        self._queue.append(view)
+        self._queued += len(view)
+        return len(self._queue) == 1
 
     def _send(self, data: memoryview) -> int:
         """Bytes of ``data`` the kernel took now (0 if none fit); breaks the writer on error."""
@@ -260,7 +313,7 @@ class ControlWriter:
             self.broken = exc
             self._queue.clear()
             self._queued = 0
-            self._loop.call(lambda: self._on_broken(exc))
+            self._loop.call(lambda: self.on_broken(exc))
 
     def _push(self) -> bool:
         """Send from the queue until it is empty (True) or the kernel takes no more."""
