@@ -128,7 +128,10 @@ def test_an_id_takeover_fails_and_leaves_the_real_client_connected(
 def test_a_replayed_or_altered_message_is_refused(secure, scheme_module, enrolment):
     replay = getattr(scheme_module, "replay_last", None)
     if replay is None:
-        pytest.skip("not a shared medium: TLS alone refuses replays and alterations here")
+        pytest.skip(
+            "not a shared medium: the transport's own encryption refuses replays and "
+            "alterations (its own tests check it)"
+        )
     hub, connect = secure
     ch = connect("dev1")
     hub.wait_for(1, timeout=T)

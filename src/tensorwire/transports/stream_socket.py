@@ -52,7 +52,7 @@ TLS_READ_BYTES = 1 << 20
 """Ciphertext read from the socket at once (up to 64 records)."""
 
 
-def _tls_error(exc: ssl.SSLError, what: str) -> TransportError:
+def tls_error(exc: ssl.SSLError, what: str) -> TransportError:
     """A TLS failure as the caller should see it: a refused certificate is an
     :class:`AuthenticationError` (final), anything else a lost connection."""
     text = str(exc).upper()
@@ -107,7 +107,7 @@ class TlsStream:
             except ssl.SSLError as exc:
                 with contextlib.suppress(TransportError, OSError):
                     self._flush(deadline)  # the alert tells the peer why
-                raise _tls_error(exc, "TLS handshake") from None
+                raise tls_error(exc, "TLS handshake") from None
 
     def getpeercert(self) -> Any:
         return self._obj.getpeercert()
@@ -146,7 +146,7 @@ class TlsStream:
                         self._obj.write(view)
                         data = self._out.read()
                 except ssl.SSLError as exc:
-                    raise _tls_error(exc, "send") from None
+                    raise tls_error(exc, "send") from None
                 sendmsg_all(self.sock, [data], deadline)
 
     def read_into(self, dst: memoryview, deadline: float | None) -> int:
@@ -167,7 +167,7 @@ class TlsStream:
             except ssl.SSLZeroReturnError:
                 return got
             except ssl.SSLError as exc:
-                raise _tls_error(exc, "receive") from None
+                raise tls_error(exc, "receive") from None
             if not n:
                 return got
             got += n

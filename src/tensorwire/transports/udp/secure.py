@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from tensorwire.errors import AuthenticationError, PeerGone, SessionRefused, TransportError
 from tensorwire.transports.security import ReplayWindow
-from tensorwire.transports.stream_socket import _tls_error
+from tensorwire.transports.stream_socket import tls_error
 from tensorwire.wire import CHUNK_HEADER_SIZE
 
 DATAGRAM_KEY_BYTES = 32
@@ -151,7 +151,7 @@ class TlsPipe:
         except ssl.SSLWantReadError:
             return False
         except ssl.SSLError as exc:
-            err = _tls_error(exc, "TLS handshake")
+            err = tls_error(exc, "TLS handshake")
             if isinstance(err, AuthenticationError):
                 raise err from None
             raise SessionRefused(f"TLS handshake failed: {exc}") from None
@@ -166,7 +166,7 @@ class TlsPipe:
 
     def read_into(self, buf: memoryview) -> int:
         """Decrypt into ``buf`` what has been received; 0 when there is nothing (more) yet.
-        ``PeerGone`` when the peer closed TLS; a TLS failure raises as ``_tls_error`` says."""
+        ``PeerGone`` when the peer closed TLS; a TLS failure raises as ``tls_error`` says."""
         try:
             with self._lock:
                 return self._obj.read(len(buf), buf)
@@ -175,7 +175,7 @@ class TlsPipe:
         except ssl.SSLZeroReturnError:
             raise PeerGone("the peer closed the TLS connection") from None
         except ssl.SSLError as exc:
-            raise _tls_error(exc, "receive") from None
+            raise tls_error(exc, "receive") from None
 
     def encrypt(self, data: Any) -> bytes:
         """The records that carry ``data``, after anything else waiting to be sent."""
@@ -184,7 +184,7 @@ class TlsPipe:
                 self._obj.write(data)
                 return self._out.read()
         except ssl.SSLError as exc:
-            raise _tls_error(exc, "send") from None
+            raise tls_error(exc, "send") from None
 
     def take_output(self) -> bytes:
         """Ciphertext waiting to be sent (handshake messages, an alert); b"" if none."""
