@@ -440,3 +440,207 @@ def test_an_unreachable_broker_times_out():
 def test_wrong_credentials_fail_at_once(broker):
     with pytest.raises(TransportError, match="credentials"):
         tensorwire.serve("amqp://nobody:wrong@127.0.0.1:5672/%2F?prefix=twtest-creds", timeout=T)
+
+
+# -- security: TLS to the broker, the hello's proof, MACs on every body ----------------------------
+
+
+@pytest.fixture(scope="module")
+def enrolment(tmp_path_factory):
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.certs import make_certs
+
+    return make_certs(
+        tmp_path_factory.mktemp("amqp-certs"), hosts=["127.0.0.1"], clients=["d1", "d2", "d3"]
+    )
+
+
+@pytest.fixture
+def secured(request, enrolment):
+    """``(url, hub_options, client_options(cid))`` for a keyed hub on the session node's TLS
+    listener (an ``amqps://`` URL; the CA given as ``tls=``)."""
+    node = SCHEME._node(request, SCHEME._tls_settings(Path(enrolment.directory)))
+    ca = tensorwire.TLS(ca=enrolment.ca)
+    hub_options = {"tls": ca, "auth": tensorwire.Keys.load(enrolment.keys)}
+
+    def client_options(cid: str) -> dict:
+        return {"tls": ca, "key": enrolment.devices[cid]["secret"]}
+
+    return node.url(f"twtest-{uuid.uuid4().hex[:12]}"), hub_options, client_options
+
+
+def _round_trip(hub, ch, n: int = 3) -> None:
+    hub.send(ch.client_id, {"v": np.arange(n)}, timeout=T)
+    assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(n))
+    ch.send({"v": np.arange(n + 1)}, timeout=T)
+    who, msg = hub.recv(timeout=T)
+    assert who == ch.client_id and np.array_equal(msg["v"], np.arange(n + 1))
+
+
+def test_amqps_and_tls_take_port_5671_and_unknown_options_raise():
+    a = amqp.AmqpAddress("amqps://u:p@example.org/%2F?prefix=x")
+    assert a.params.port == amqp.DEFAULT_TLS_PORT and a.params.ssl_options is not None
+    b = amqp.AmqpAddress("amqp://u:p@example.org/%2F?prefix=x", tls=tensorwire.TLS())
+    assert b.params.port == amqp.DEFAULT_TLS_PORT and b.params.ssl_options is not None
+    assert (
+        amqp.AmqpAddress("amqp://u:p@example.org:5000/%2F?prefix=x", tensorwire.TLS()).params.port
+        == 5000
+    )
+    assert amqp.AmqpAddress("amqp://u:p@example.org/%2F?prefix=x").params.ssl_options is None
+    with pytest.raises(TransportError, match="ssl_options") as info:  # TLS is tls=, never pika's
+        amqp.AmqpAddress("amqps://u:hunter2@example.org/%2F?prefix=x&ssl_options=%7B%7D")
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_broker_certificate_this_side_does_not_trust_fails_at_once(secured):
+    url, _, _ = secured
+    t = time.monotonic()
+    with pytest.raises(tensorwire.AuthenticationError, match="does not trust"):
+        tensorwire.connect(url, client_id="d1", timeout=30)  # the system's CAs: not ours
+    assert time.monotonic() - t < 10
+
+
+def test_mutual_tls_without_keys_is_refused_at_the_hub(secured, enrolment):
+    url, _, _ = secured
+    tls = tensorwire.TLS(cert=enrolment.hub_cert, key=enrolment.hub_key, ca=enrolment.ca)
+    with pytest.raises(TransportError, match="auth="):
+        tensorwire.serve(url, tls=tls)
+
+
+def test_a_client_with_a_secret_refuses_a_hub_without_keys(secured, enrolment):
+    url, hub_options, client_options = secured
+    with (
+        tensorwire.serve(url, tls=hub_options["tls"]) as hub,
+        pytest.raises(tensorwire.AuthenticationError, match="secret"),
+    ):
+        tensorwire.connect(hub.url, client_id="d1", timeout=3, **client_options("d1"))
+
+
+def test_every_body_after_the_welcome_is_sealed_and_a_broadcast_is_one_publish(secured):
+    url, hub_options, client_options = secured
+    with tensorwire.serve(url, codec=None, **hub_options) as hub:
+        chans = [
+            tensorwire.connect(hub.url, client_id=c, codec=None, **client_options(c))
+            for c in ("d1", "d2", "d3")
+        ]
+        try:
+            hub.wait_for(3, timeout=T)
+            calls: list[tuple[str, int]] = []
+            publish = hub._pub.publish
+
+            def counting(exchange, routing_key, enc, chunk, deadline, sealer=None):
+                calls.append((exchange, 0 if sealer is None else len(sealer.keys)))
+                return publish(exchange, routing_key, enc, chunk, deadline, sealer)
+
+            hub._pub.publish = counting
+            big = np.arange(1_000_000)  # 8 MB: two chunks, each with its trailer
+            hub.broadcast({"v": big})
+            assert calls == [(f"{hub.prefix}.all", 3)]  # one publish, a MAC for each member
+            for ch in chans:
+                assert np.array_equal(ch.recv(timeout=T)["v"], big)
+                assert ch._session.key is not None and not ch.errors
+            for ch in chans:
+                _round_trip(hub, ch)
+            assert not hub.errors
+        finally:
+            for ch in chans:
+                ch.close()
+        deadline = time.monotonic() + T
+        while hub.clients and time.monotonic() < deadline:  # the sealed byes end the sessions
+            time.sleep(0.05)
+        assert hub.clients == [] and not hub.errors
+
+
+def test_forged_session_messages_to_a_keyed_client_change_nothing(secured, request):
+    url, hub_options, client_options = secured
+    with tensorwire.serve(url, **hub_options) as hub:
+        ch = tensorwire.connect(hub.url, client_id="d1", **client_options("d1"))
+        try:
+            hub.wait_for(1, timeout=T)
+            sid = ch._session.session
+
+            def whole(kind: str, meta: dict) -> bytes:
+                return _chunks(encode_message(None, meta, kind=kind), int(uuid.uuid4().int >> 64))[
+                    0
+                ]
+
+            forged = [
+                whole("bye", {"reason": "forged"}),  # counted: the hub seals its byes
+                whole("refuse", {"reason": "forged", "code": "auth", "session": sid}),
+                whole("refuse", {"reason": "forged", "code": "auth", "session": "0" * 32}),
+                whole("welcome", {"session": sid, "version": 2}),
+                whole("bye", {}) + b"\x00" * 20 + b"TWMA",  # a trailer that proves nothing
+            ]
+            plain = SCHEME._node(request).plain_url()  # another user of the broker
+            SCHEME._publish(plain, [("", ch._queue, "hub", body) for body in forged])
+            assert _wait_until(lambda: ch.errors.total >= 2)
+            assert all(isinstance(e, tensorwire.AuthenticationError) for _, e in ch.errors)
+            _round_trip(hub, ch)
+            assert hub.clients == ["d1"] and ch._session.session == sid
+        finally:
+            ch.close()
+
+
+def test_a_redelivery_is_dropped_quietly_and_a_replay_is_refused():
+    key, window = b"k" * 32, amqp.ReplayWindow()
+    sealer = amqp._Sealer([key], b"d1", iter(range(100)))
+    chunk = _chunks(encode_message(None, {"n": 1}), 5)[0]
+    body = chunk + sealer([chunk])
+    assert bytes(amqp._unsealed(body, key, b"d1", window, False)) == chunk
+    assert amqp._unsealed(body, key, b"d1", window, True) is None  # the broker's redelivery
+    with pytest.raises(tensorwire.AuthenticationError, match="replayed"):
+        amqp._unsealed(body, key, b"d1", window, False)  # published again by someone
+    altered = bytearray(body)
+    altered[50] ^= 1
+    with pytest.raises(tensorwire.AuthenticationError):
+        amqp._unsealed(bytes(altered), key, b"d1", window, True)  # redelivered proves nothing
+    again = sealer.reseal(body)  # a publish retried after a lost connection: a new number
+    assert again != body and bytes(amqp._unsealed(again, key, b"d1", window, False)) == chunk
+
+
+def test_a_broker_restart_with_keys_is_ridden_out_with_a_sealed_hello(secured, request):
+    url, hub_options, client_options = secured
+    node = SCHEME._node(request)
+    with tensorwire.serve(url, codec=None, **hub_options) as hub:
+        ch = tensorwire.connect(hub.url, client_id="d1", codec=None, **client_options("d1"))
+        try:
+            hub.wait_for(1, timeout=T)
+            sid = ch._session.session
+            node.restart(1.0)
+            assert _wait_until(lambda: _events(hub, "medium-back"), timeout=60)
+            hub.send("d1", {"v": np.arange(3)}, timeout=60)
+            assert np.array_equal(ch.recv(timeout=60)["v"], np.arange(3))
+            assert _wait_until(lambda: ch._rehello_at is None)  # the hub answered, sealed
+            _round_trip(hub, ch)
+            assert ch._session.session == sid and not _events(hub, "left")
+            assert not hub.errors and not ch.errors
+        finally:
+            ch.close()
+
+
+def test_a_client_the_hub_forgot_in_an_outage_asks_in_a_new_session(secured, request):
+    url, hub_options, client_options = secured
+    node = SCHEME._node(request)
+    with tensorwire.serve(url, codec=None, **hub_options) as hub:
+        ch = tensorwire.connect(hub.url, client_id="d1", codec=None, **client_options("d1"))
+        try:
+            hub.wait_for(1, timeout=T)
+            old = ch._session.session
+            restart = threading.Thread(target=node.restart, args=(2.0,))
+            restart.start()
+            try:
+                assert _wait_until(lambda: _events(hub, "medium-lost"), timeout=60)
+                hub._medium_gone(TransportError("gave up"))  # as after OUTAGE_LIMIT
+                assert hub.clients == []
+            finally:
+                restart.join(120)
+            # its sealed hello is refused (the nonce is spent); a new session's hello is not
+            assert _wait_until(lambda: hub.clients == ["d1"], timeout=60)
+            assert _wait_until(lambda: ch._session.key is not None and ch._rehello_at is None)
+            assert ch._session.session != old
+            assert any("replayed hello" in e.reason for e in _events(hub, "refused"))
+            _round_trip(hub, ch)
+            ch.send({"v": np.arange(2)}, timeout=T)
+            assert hub.recv(timeout=T)[0] == "d1"
+        finally:
+            ch.close()

@@ -147,7 +147,7 @@ def test_a_restart_keeps_port_node_directory_and_persistent_messages(request):
     node = scheme.private_broker(request).node  # the session's private node
     port, name, directory, pid = node.port, node.node, node.dir, node.pid
     queue = f"twtest-restart-{uuid.uuid4().hex[:8]}"
-    conn = pika.BlockingConnection(pika.URLParameters(node.url()))
+    conn = pika.BlockingConnection(pika.URLParameters(node.plain_url()))
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare(queue, durable=True)
@@ -157,7 +157,7 @@ def test_a_restart_keeps_port_node_directory_and_persistent_messages(request):
     node.restart(1.0)
     assert time.monotonic() - t >= 1.0
     assert (node.port, node.node, node.dir) == (port, name, directory) and node.pid != pid
-    conn = pika.BlockingConnection(pika.URLParameters(node.url()))
+    conn = pika.BlockingConnection(pika.URLParameters(node.plain_url()))
     try:
         ch = conn.channel()
         _, _, body = ch.basic_get(queue, auto_ack=True)
@@ -165,3 +165,66 @@ def test_a_restart_keeps_port_node_directory_and_persistent_messages(request):
         ch.queue_delete(queue)
     finally:
         conn.close()
+
+
+def test_a_node_with_tls_speaks_tls_13_is_probed_by_its_ca_and_rotates_without_restart(
+    request, tmp_path
+):
+    import ssl
+
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.brokers.rabbitmq import tls_version
+    from tensorwire.transports.certs import make_certs
+    from tensorwire.transports.security import TLS
+
+    spec = importlib.util.spec_from_file_location(
+        "tw_scheme_amqp_for_brokers_tls", Path(__file__).with_name("schemes") / "amqp.py"
+    )
+    assert spec and spec.loader
+    scheme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scheme)
+    first = make_certs(tmp_path / "a", hosts=["127.0.0.1"], clients=[])
+    second = make_certs(tmp_path / "b", hosts=["127.0.0.1"], clients=[])
+
+    def settings(e) -> TLS:
+        return TLS(cert=e.hub_cert, key=e.hub_key, ca=e.ca)
+
+    node = scheme._node(request, settings(first))  # the session's node, with a TLS listener
+    was = node.tls
+    url = node.url()
+    assert url.startswith("amqps://") and node.plain_url().startswith("amqp://")
+    assert rabbitmq_answers(node.plain_url())
+    assert rabbitmq_answers(f"{url}?ca={first.ca}")
+    assert not rabbitmq_answers(f"{url}?ca={second.ca}")  # not the broker that CA names
+    assert not rabbitmq_answers(
+        f"{url}?ca={first.ca}".replace(str(node.port), str(node.plain_port))
+    )
+    host, port = "127.0.0.1", node.port
+    with socket.create_connection((host, port), timeout=T) as raw:
+        ctx = TLS(ca=first.ca).client_context()
+        with ctx.wrap_socket(raw, server_hostname=host) as tls_sock:
+            assert tls_sock.version() == ("TLSv1.3" if tls_version() == "tlsv1.3" else "TLSv1.2")
+    pid = node.pid
+    try:
+        node.use_tls(settings(second))
+        assert node.pid == pid  # rotated in, no restart
+        assert rabbitmq_answers(f"{url}?ca={second.ca}")
+        assert not rabbitmq_answers(f"{url}?ca={first.ca}")
+    finally:
+        node.use_tls(was)
+    with pytest.raises(ssl.SSLError):  # a client of TLS 1.2 and older only is refused
+        old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        old.maximum_version = ssl.TLSVersion.TLSv1_2
+        old.load_verify_locations(str(was.ca))
+        with socket.create_connection((host, port), timeout=T) as raw:
+            old.wrap_socket(raw, server_hostname=host).close()
+
+
+def test_ensure_cannot_start_an_amqps_broker_without_a_certificate():
+    url = f"amqps://guest:hunter2@127.0.0.1:{_closed_port()}/%2F"
+    with (
+        pytest.raises(tensorwire.TransportError, match="certificate") as info,
+        ensure_rabbitmq(url),
+    ):
+        pass
+    assert "hunter2" not in str(info.value)

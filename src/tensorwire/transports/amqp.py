@@ -1,4 +1,5 @@
-"""``amqp://user:pass@host:port/vhost?prefix=NAME&chunk=BYTES``: tensorwire over RabbitMQ (pika).
+"""``amqp://user:pass@host:port/vhost?prefix=NAME&chunk=BYTES``: tensorwire over RabbitMQ (pika)
+(``amqps://``, or ``tls=``: over TLS to the broker, port 5671 by default).
 
 ``docs/transports/amqp.md`` specifies the mapping. Names, all under the hub's ``prefix`` (from
 the URL, else random; :attr:`AmqpHub.url` carries it), so hubs sharing a broker never meet:
@@ -25,6 +26,16 @@ Everything else is dropped, logged at most once per 10 s per kind, and never rea
 A repeated message id (a chunk published again after a lost confirm, a delivery the broker
 repeats after a reconnect) is delivered once.
 
+Security: TLS protects each link to the broker, the broker's users admit the links, and the
+session's hello proves the device's secret to the hub (a refusal names the session it refuses).
+Any other user of the broker can still publish to these queues, so a session with a key seals
+every body after the welcome with a MAC trailer (``security.seal``; one entry per member on a
+broadcast, which stays one publish) that the receiver checks before it reassembles anything;
+the broker's redelivery (``redelivered``, which no other user can set) of a body already taken
+is a duplicate, any other repeat a replay. A client that asks again after a reconnect seals
+its hello; if the hub no longer has its session (the hello's nonce is spent), it asks in a new
+session, with a new hello.
+
 Broker faults: each side reconnects by itself with backoff, re-declares what it uses and
 publishes again every chunk whose confirm did not come; the durable queues keep what they
 held. The hub keeps its members through an outage (events ``medium-lost`` / ``medium-back``);
@@ -34,7 +45,8 @@ of the hub's connected time, and the hub as gone for a client once its uplink ha
 so a hub that lost track of it takes it back.
 
 Other query parameters go to pika (``heartbeat``, ``socket_timeout``, ``stack_timeout``,
-``blocked_connection_timeout``, ...). Three have tensorwire defaults where the URL gives none,
+``blocked_connection_timeout``, ...; not ``ssl_options``: TLS is ``tls=``), and an unknown one
+raises. Three have tensorwire defaults where the URL gives none,
 sized for lossy links, on which TCP's retransmission backoff (its timer doubles per loss, up
 to 120 s) silences a connection for a minute or more:
 
@@ -63,13 +75,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import itertools
 import logging
+import ssl
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -97,6 +112,7 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
+from tensorwire.transports.security import TLS, KeyAuthenticator, ReplayWindow, seal, unseal
 from tensorwire.transports.session import (
     CLIENT_ID,
     HELLO_LIMITS,
@@ -107,6 +123,7 @@ from tensorwire.transports.session import (
     Welcomed,
     bye,
 )
+from tensorwire.transports.url import query_options, redacted
 from tensorwire.wire import (
     CHUNK_HEADER_SIZE,
     PREFIX_SIZE,
@@ -124,6 +141,7 @@ from tensorwire.wire.format import parse_prefix
 
 log = logging.getLogger("tensorwire.transports.amqp")
 
+DEFAULT_TLS_PORT = 5671  # amqps://, or tls= without a port in the URL
 BROKER_MAX_MESSAGE = 128 << 20  # bytes: RabbitMQ's default max_message_size
 DEFAULT_CHUNK = 4 << 20  # bytes per AMQP message: 1..8 MiB tie on loopback, 32+ MiB are slower
 MIN_CHUNK = 1 << 10  # bytes
@@ -150,6 +168,9 @@ HEARTBEAT = 180  # seconds: tolerates a heartbeat ~95 s late (see the module's d
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect: SYN retries at 1, 3, 7, 15 s fit
 HANDSHAKE_TIMEOUT = 60.0  # seconds for connect + AMQP handshake (pika's 15 s fails at 20 % loss)
 HUB = "hub"  # the tw-client header of the hub's messages
+# Bytes of the hub's sealed payloads a client holds before the welcome that brings the key to
+# check them (data the hub sends from on_join may overtake the welcome: section 8 of the doc).
+EARLY_BYTES = 64 << 20
 _PIKA_DEFAULTS = {
     "heartbeat": HEARTBEAT,
     "socket_timeout": CONNECT_TIMEOUT,
@@ -159,9 +180,18 @@ _READ_BYTES = 1 << 16  # see _widen_reads
 _MAX_NAME = 255  # bytes: AMQP short strings (queue and exchange names)
 _CLIENT_HEADER = "tw-client"
 _OUR_QUERY = ("prefix", "chunk")
+# pika's URL options, but ssl_options: TLS is tensorwire's tls= (or amqps://, ?tls=1&ca=...)
+_PIKA_QUERY = tuple(
+    sorted(
+        name.removeprefix("_set_url_")
+        for name in dir(pika.URLParameters)
+        if name.startswith("_set_url_") and name != "_set_url_ssl_options"
+    )
+)
 _QUEUE_ARGS = {"x-expires": QUEUE_EXPIRES_MS}
 _PERSISTENT = 2  # AMQP delivery mode: the broker keeps the message on disk until consumed
 _STRANGER = "(not joined)"  # the hub's name in its errors for a sender without a session
+_HUB_SENDER = b"hub"  # the sender the hub's MACs name (docs/security.md)
 
 # pika logs every failed connection attempt and lost connection at ERROR, with tracebacks; those
 # are the broker outages this module rides out and reports itself.
@@ -179,31 +209,50 @@ for _name in (
 
 
 class AmqpAddress:
-    """An ``amqp://`` URL split into pika's connection parameters and tensorwire's options.
+    """An ``amqp://`` or ``amqps://`` URL split into pika's connection parameters and
+    tensorwire's options.
 
     ``prefix`` names the hub's queues and exchange (``None``: the hub picks one); ``chunk`` is
     the most bytes per AMQP message (``None``: :data:`DEFAULT_CHUNK`). :attr:`params` has
     tensorwire's ``heartbeat``, ``socket_timeout`` and ``stack_timeout`` unless the URL sets them.
+    ``tls`` (or an ``amqps://`` URL, with the system's CAs) makes the link TLS: pika's
+    ``SSLOptions`` with ``tls.client_context()``, checking the broker's certificate for
+    ``tls.server_name`` or the URL's host, on port :data:`DEFAULT_TLS_PORT` unless the URL names
+    one. An option that is neither tensorwire's nor pika's raises ``TransportError``.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tls: TLS | None = None) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "amqp":
-            raise TransportError(f"{url!r} is not an amqp:// URL")
+        shown = redacted(url)
+        if parts.scheme not in ("amqp", "amqps"):
+            raise TransportError(f"{shown!r} is not an amqp:// or amqps:// URL")
+        query_options(shown, (*_OUR_QUERY, *_PIKA_QUERY))
+        if tls is None and parts.scheme == "amqps":
+            tls = TLS()
+        self.tls = tls
         query = parse_qsl(parts.query, keep_blank_values=True)
         ours = {k: v for k, v in query if k in _OUR_QUERY}
-        pika_url = urlunsplit(
+        self.base = urlunsplit(
             parts._replace(query=urlencode([q for q in query if q[0] not in ours]))
         )
-        try:
-            self.params = pika.URLParameters(pika_url)
+        try:  # TLS is set below, from tls: pika's own would take the system's CAs only
+            self.params = pika.URLParameters(
+                urlunsplit(urlsplit(self.base)._replace(scheme="amqp"))
+            )
         except ValueError as exc:
-            raise TransportError(f"{url!r}: {exc}") from None
+            raise TransportError(f"{shown!r}: {exc}") from None
         given = {k for k, _ in query}
         for name, value in _PIKA_DEFAULTS.items():
             if name not in given:
                 setattr(self.params, name, value)
-        self.base = pika_url
+        if tls is not None:
+            if parts.port is None:
+                self.params.port = DEFAULT_TLS_PORT
+            try:
+                context = tls.client_context()
+            except (OSError, ValueError) as exc:  # a missing or unreadable certificate file
+                raise TransportError(f"the TLS settings for {shown!r}: {exc}") from None
+            self.params.ssl_options = pika.SSLOptions(context, tls.server_name or self.params.host)
         self.prefix = ours.get("prefix") or None
         if self.prefix is not None and (
             self.prefix.startswith("amq.") or len(self.prefix.encode()) > _MAX_NAME - 64
@@ -224,7 +273,8 @@ class AmqpAddress:
 
     @property
     def where(self) -> str:
-        return f"{self.params.host}:{self.params.port} (vhost {self.params.virtual_host!r})"
+        over = " over TLS" if self.tls is not None else ""
+        return f"{self.params.host}:{self.params.port} (vhost {self.params.virtual_host!r}){over}"
 
 
 def _parse_chunk(text: str | int) -> int:
@@ -270,6 +320,12 @@ def _connect_once(
         params.stack_timeout = min(address.params.stack_timeout or left, left)
     try:
         conn = pika.BlockingConnection(params)
+    except ssl.SSLCertVerificationError as exc:  # final: retrying will not change it
+        raise AuthenticationError(
+            f"RabbitMQ at {address.where} has a certificate this side does not trust "
+            f"({exc.verify_message}): give tls=TLS(ca=...) the CA that signed it, and "
+            "servername= the name it carries if that is not the URL's host"
+        ) from None
     except (px.ProbableAuthenticationError, px.AuthenticationError) as exc:
         raise AuthenticationError(
             f"RabbitMQ at {address.where} refused the credentials in the URL: {exc!r}"
@@ -280,9 +336,18 @@ def _connect_once(
         ) from None
     # AMQPConnectorException: pika's stack_timeout during the handshake, not an AMQPError.
     except (px.AMQPError, AMQPConnectorException, OSError) as exc:
-        raise TransportError(repr(exc)) from None
+        raise TransportError(f"{exc!r}{_port_hint(address, exc)}") from None
     _widen_reads(conn)
     return conn
+
+
+def _port_hint(address: AmqpAddress, exc: BaseException) -> str:
+    """Why a connection may have failed when one side speaks TLS and the other does not."""
+    if address.tls is not None and isinstance(exc, ssl.SSLError):
+        return " (is that port plain AMQP? RabbitMQ's TLS listener is usually 5671)"
+    if address.tls is None and isinstance(exc, px.IncompatibleProtocolError):
+        return " (is that port RabbitMQ's TLS listener? use amqps:// or tls=)"
+    return ""
 
 
 def connect_blocking(
@@ -347,12 +412,99 @@ class _Admin:
         return found[0] if found else 0
 
 
-def _say(ch: Any, queue: str, enc: EncodedMessage, sender: str) -> bool:
-    """Publish a session message to ``queue`` on the confirming channel ``ch``; False if no
-    queue takes it (its owner left) or the broker refused it."""
+# -- MACs on the broker (docs/security.md) ---------------------------------------------------
+
+
+class _Sealer:
+    """Seals the bodies one sender publishes for the receivers' session ``keys``: the MAC
+    trailer of docs/security.md, under the sender's next number from ``counter``."""
+
+    def __init__(self, keys: list[bytes], sender: bytes, counter: Iterator[int]) -> None:
+        self.keys = keys
+        self.sender = sender
+        self.counter = counter
+
+    @functools.cached_property
+    def size(self) -> int:
+        """Bytes the trailer adds to every body."""
+        return len(seal((), 0, self.keys, self.sender))
+
+    def __call__(self, parts: Sequence[Any]) -> bytes:
+        """The trailer for the chunk made of ``parts`` (buffers)."""
+        return seal(parts, next(self.counter), self.keys, self.sender)
+
+    def reseal(self, body: bytes) -> bytes:
+        """``body`` (sealed by this sealer) sealed again under a new number."""
+        chunk = memoryview(body)[: len(body) - self.size]
+        return b"".join([chunk, self([chunk])])
+
+
+def _sealed_body(parts: Sequence[Any], sealer: _Sealer | None) -> bytes:
+    """One AMQP message body: the chunk made of ``parts``, and its trailer if there is a
+    ``sealer`` (pika takes bytes only: the one copy a send makes)."""
+    return b"".join(parts if sealer is None else [*parts, sealer(parts)])
+
+
+def _unsealed(
+    body: bytes, key: bytes, sender: bytes, window: ReplayWindow, redelivered: bool
+) -> memoryview | None:
+    """The chunk a sealed body from ``sender`` carries, once its MAC and sequence number are
+    checked; :class:`AuthenticationError` if it is missing, forged, altered or replayed.
+
+    None for the broker's redelivery: it sets ``redelivered`` on a delivery it made before
+    whose acknowledgement it did not get (our connection dropped), which no other user of the
+    broker can make it do, so an authentic body seen before that comes so is a duplicate.
+    """
+    view = memoryview(body)
+    try:
+        return unseal(view, key, sender, window)
+    except AuthenticationError:
+        if redelivered:
+            with contextlib.suppress(AuthenticationError):
+                unseal(view, key, sender, ReplayWindow())  # authentic: refused as a repeat
+                return None
+        raise
+
+
+def _lone_chunk(body: bytes) -> memoryview | None:
+    """The message a body carries if it is one unsealed chunk of at most the session
+    messages' size, else None (a sealed body has bytes past its chunk)."""
+    try:
+        head, payload = parse_chunk(body)
+    except WireError:
+        return None
+    if head.count != 1 or len(payload) != head.total_length or len(payload) > CONTROL_CHUNK:
+        return None
+    return payload
+
+
+def _session_message(payload: Any) -> Message | None:
+    """A session message decoded under the hello limits, or None if it is none."""
+    try:
+        msg = decode_message(payload, limits=HELLO_LIMITS)
+    except WireError:
+        return None
+    return msg if msg.kind in ("hello", "welcome", "refuse", "bye") else None
+
+
+def _refusal(exc: SessionRefused, session: Any) -> EncodedMessage:
+    """:meth:`HubSession.refusal`, naming the session the hello opened (if it named a valid
+    one): a client takes only the refusal of its own session."""
+    meta = dict(decode_message(HubSession.refusal(exc).to_bytes(), limits=HELLO_LIMITS).meta)
+    if isinstance(session, str) and 1 <= len(session) <= 64:
+        meta["session"] = session
+    return encode_message(None, meta, kind="refuse")
+
+
+def _say(
+    ch: Any, queue: str, enc: EncodedMessage, sender: str, sealer: _Sealer | None = None
+) -> bool:
+    """Publish a session message to ``queue`` on the confirming channel ``ch``, sealed if
+    there is a ``sealer``; False if no queue takes it (its owner left) or the broker refused it."""
     try:
         for parts in iter_chunks(enc.frames(), new_message_id(), CONTROL_CHUNK):
-            ch.basic_publish("", queue, b"".join(parts), _props(sender), mandatory=True)
+            body = _sealed_body(parts, sealer)
+            ch.basic_publish("", queue, body, _props(sender), mandatory=True)
         return True
     except (px.UnroutableError, px.NackError) as exc:
         log.debug("amqp: %s to %r not taken: %r", enc.kind, queue, exc)
@@ -407,10 +559,13 @@ class _Publisher:
         enc: EncodedMessage,
         chunk: int,
         deadline: float | None,
+        sealer: _Sealer | None = None,
     ) -> None:
-        """Publish ``enc`` as chunks of ``chunk`` bytes; return once the broker confirmed all."""
+        """Publish ``enc`` as chunks of ``chunk`` bytes, each sealed if there is a ``sealer``
+        (as it goes, so the numbers follow the publishes); return once the broker confirmed
+        all."""
         with self.lock:
-            self.publish_locked(exchange, routing_key, enc, chunk, deadline)
+            self.publish_locked(exchange, routing_key, enc, chunk, deadline, sealer)
 
     def publish_locked(
         self,
@@ -419,6 +574,7 @@ class _Publisher:
         enc: EncodedMessage,
         chunk: int,
         deadline: float | None,
+        sealer: _Sealer | None = None,
     ) -> None:
         """:meth:`publish` for a caller that holds :attr:`lock` already."""
         self._last_used = time.monotonic()
@@ -426,11 +582,17 @@ class _Publisher:
         for parts in iter_chunks(enc.frames(), new_message_id(), chunk):
             if remaining(deadline) == 0.0:
                 raise TransportTimeout(f"sending to {target!r} ran out of time")
-            body = b"".join(parts)  # pika takes bytes only: the one copy a send makes
-            self._publish_chunk(exchange, routing_key, body, deadline, target)
+            body = _sealed_body(parts, sealer)
+            self._publish_chunk(exchange, routing_key, body, sealer, deadline, target)
 
     def _publish_chunk(
-        self, exchange: str, routing_key: str, body: bytes, deadline: float | None, target: str
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        sealer: _Sealer | None,
+        deadline: float | None,
+        target: str,
     ) -> None:
         limit = deadline  # a send without a deadline gets RECONNECT_TIMEOUT once the broker goes
         delay = 0.05
@@ -459,6 +621,8 @@ class _Publisher:
                 if limit is None:
                     limit = deadline_after(RECONNECT_TIMEOUT)
                 log.info("amqp: lost RabbitMQ sending to %r (%r); sending again", target, exc)
+                if sealer is not None:  # the first may have arrived: a new number, not a replay
+                    body = sealer.reseal(body)
             left = remaining(limit)
             if left == 0.0:
                 raise TransportTimeout(f"RabbitMQ did not come back in time to send to {target!r}")
@@ -653,6 +817,8 @@ class _Consumer(threading.Thread):
 class _Peer:
     session: HubSession
     queue: str  # its session queue, bound to the fanout exchange
+    hello: bytes = b""  # the hello that opened it: a copy of it is answered, not read
+    window: ReplayWindow = field(default_factory=ReplayWindow)  # its sealed bodies' numbers
 
 
 class AmqpHub(Hub):
@@ -660,6 +826,9 @@ class AmqpHub(Hub):
 
     ``chunk``: most bytes per AMQP message (default: the URL's, else :data:`DEFAULT_CHUNK`);
     ``liveness``: seconds between checks that each member's queue still has a consumer.
+    ``tls`` is the link's TLS to the broker (its ``ca`` checks the broker's certificate, its
+    ``cert`` is shown if the broker asks for one); ``auth`` the enrolled devices' keys, which
+    admit clients here: the hub never sees a client's certificate, the broker does.
     """
 
     protocol = "amqp"
@@ -674,7 +843,12 @@ class AmqpHub(Hub):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        address = AmqpAddress(url)
+        if isinstance(self.authenticate, KeyAuthenticator) and self.authenticate.keys is None:
+            raise TransportError(
+                "a hub on amqp:// never sees its clients' certificates (the broker does), so "
+                "mutual TLS would admit nobody: give auth= the enrolled keys (keys.json)"
+            )
+        address = AmqpAddress(url, self.tls)
         self.prefix = address.prefix or f"tw-{uuid.uuid4().hex[:12]}"
         self.chunk = _parse_chunk(chunk) if chunk is not None else address.chunk or DEFAULT_CHUNK
         self.url = address.url_with(self.prefix, address.chunk if chunk is None else self.chunk)
@@ -688,6 +862,7 @@ class AmqpHub(Hub):
         self._lock = threading.Lock()  # guards _peers
         self._unconsumed: dict[str, float] = {}  # member -> since when its queue has no consumer
         self._inflow = _Inflow(self.limits)
+        self._seq = itertools.count()  # the numbers of the hub's sealed bodies, all sessions'
         self._pub = _Publisher(address, f"tensorwire hub {self.prefix} (send)", HUB)
         self._consumer = _Consumer(
             address,
@@ -729,29 +904,56 @@ class AmqpHub(Hub):
             if peer is None:
                 self._from_stranger(sender, body)
             else:
-                self._from_member(sender, peer, body)
+                self._from_member(sender, peer, body, bool(method.redelivered))
         except (WireError, TransportError) as exc:
             self._rejected(sender if peer is not None else _STRANGER, exc)
         finally:
             ch.basic_ack(method.delivery_tag)
 
     def _from_stranger(self, sender: str, body: bytes) -> None:
-        """A sender without a session: read only a hello, of one chunk, under HELLO_LIMITS."""
-        head, payload = parse_chunk(body)
+        """A sender without a session: read only a hello, of one chunk, under HELLO_LIMITS.
+
+        A hello sealed for a session this hub no longer has (it asks again after a reconnect)
+        is read without its trailer, which nothing here can check: its own proof is checked.
+        """
+        view = memoryview(body)
+        if len(view) >= CHUNK_HEADER_SIZE:  # the chunk ends where its header says
+            total = parse_chunk(view[:CHUNK_HEADER_SIZE])[0].total_length
+            view = view[: CHUNK_HEADER_SIZE + min(total, len(view))]
+        head, payload = parse_chunk(view)
         if head.count != 1 or head.total_length > HELLO_LIMITS.max_message_bytes:
             raise ChunkError(
                 f"{sender!r} has not joined: only a hello of one chunk of at most "
                 f"{HELLO_LIMITS.max_message_bytes} bytes is read from it"
             )
-        self._on_hello(sender, decode_message(payload, limits=HELLO_LIMITS), None)
+        hello = bytes(payload)
+        self._on_hello(sender, decode_message(hello, limits=HELLO_LIMITS), None, hello)
 
-    def _from_member(self, sender: str, peer: _Peer, body: bytes) -> None:
-        whole = self._inflow.feed(body, time.perf_counter(), sender)
+    def _from_member(self, sender: str, peer: _Peer, body: bytes, redelivered: bool) -> None:
+        """A body from a member: with a session key, checked before it is reassembled."""
+        chunk: Any = body
+        key = peer.session.key
+        if key is not None:
+            try:
+                chunk = _unsealed(body, key, sender.encode(), peer.window, redelivered)
+            except AuthenticationError:
+                # unsealed: only a hello is read, under the hello limits (a copy of the one
+                # that opened the session, or one opening another session of this client)
+                payload = _lone_chunk(body)
+                msg = None if payload is None else _session_message(payload)
+                if msg is None or msg.kind != "hello":
+                    raise
+                self._on_hello(sender, msg, peer, bytes(payload))
+                return
+            if chunk is None:
+                log.debug("amqp: dropped the broker's redelivery of %r's message", sender)
+                return
+        whole = self._inflow.feed(chunk, time.perf_counter(), sender)
         if whole is None:
             return
         msg = self._decode_whole(*whole)
         if msg.kind == "hello":
-            self._on_hello(sender, msg, peer)
+            self._on_hello(sender, msg, peer, sealed=key is not None)
             return
         hello = peer.session.hello
         assert hello is not None
@@ -765,15 +967,33 @@ class AmqpHub(Hub):
         else:
             raise TransportError(event.reason)
 
-    def _on_hello(self, sender: str, msg: Message, peer: _Peer | None) -> None:
+    def _on_hello(
+        self,
+        sender: str,
+        msg: Message,
+        peer: _Peer | None,
+        hello_bytes: bytes = b"",
+        *,
+        sealed: bool = False,
+    ) -> None:
+        """A hello from ``sender`` (``peer``: its session here, if any), as it came
+        (``hello_bytes``, when unsealed) or ``sealed`` under its session key."""
         meta = msg.meta
         current = None if peer is None else peer.session.hello
-        if peer is not None and current is not None and meta.get("session") == current.session:
+        if (
+            peer is not None
+            and current is not None
+            and meta.get("session") == current.session
+            and (peer.session.key is None or sealed or hello_bytes == peer.hello)
+        ):
             # The same session again: the client reconnected to the broker or missed the
             # welcome. Bind its recorded queue again (a broker that lost its state lost the
-            # binding too) and answer as before.
+            # binding too) and answer as before; sealed if it asked sealed (it has the key).
+            # A copy of the opening hello (a stranger may replay it) earns the welcome only.
+            key = peer.session.key
+            sealer = self._sealer([key]) if sealed and key is not None else None
             if self._admin.run(lambda ch: ch.queue_bind(peer.queue, self._fanout)):
-                _say(self._control, peer.queue, peer.session.welcome(), HUB)
+                _say(self._control, peer.queue, peer.session.welcome(), HUB, sealer)
             return
         queue = meta.get("queue")
         ours = (
@@ -792,7 +1012,7 @@ class AmqpHub(Hub):
                 raise SessionRefused(f"hello: queue {queue!r} is not one of this hub's for it")
         except SessionRefused as exc:
             if ours:
-                _say(self._control, queue, session.refusal(exc), HUB)
+                _say(self._control, queue, _refusal(exc, meta.get("session")), HUB)
             self._refused(sender, exc)
             return
         hello = session.hello
@@ -802,7 +1022,7 @@ class AmqpHub(Hub):
             return
         with self._lock:
             old = self._peers.get(sender)
-            self._peers[sender] = _Peer(session, queue)
+            self._peers[sender] = _Peer(session, queue, hello_bytes)
         self._unconsumed.pop(sender, None)
         if old is not None and old.queue != queue:
             log.info("amqp: client %r reconnected; its old queue leaves the fanout", sender)
@@ -868,24 +1088,34 @@ class AmqpHub(Hub):
 
     # -- sending ----------------------------------------------------------------------------
 
+    def _sealer(self, keys: list[bytes]) -> _Sealer | None:
+        """What seals the hub's bodies for sessions with these keys; None for none."""
+        return _Sealer(keys, _HUB_SENDER, self._seq) if keys else None
+
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
         with self._lock:
             peer = self._peers.get(client_id)
         if peer is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        self._pub.publish("", peer.queue, enc, self.chunk, deadline)
+        key = peer.session.key
+        sealer = self._sealer([] if key is None else [key])
+        self._pub.publish("", peer.queue, enc, self.chunk, deadline, sealer)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
-        """One publish to the fanout exchange when ``clients`` are all members; else unicast."""
+        """One publish to the fanout exchange when ``clients`` are all members, sealed with
+        each one's key (if some sessions have a key and others none, one unicast each);
+        else unicast."""
         with self._lock:
+            members = list(self._peers.values())
             everyone = sorted(clients) == sorted(self._peers)
-        if not everyone:
+        keys = [p.session.key for p in members if p.session.key is not None]
+        if not everyone or 0 < len(keys) < len(members):
             return super()._send_many(clients, enc, deadline)
         t = time.perf_counter()
         try:
-            self._pub.publish(self._fanout, "", enc, self.chunk, deadline)
+            self._pub.publish(self._fanout, "", enc, self.chunk, deadline, self._sealer(keys))
         except TransportError as exc:
             return dict.fromkeys(clients, exc)
         return dict.fromkeys(clients, time.perf_counter() - t)
@@ -899,8 +1129,12 @@ class AmqpHub(Hub):
         goodbye = bye("the hub is closing")
         with self._pub.lock:
             for peer in peers:
+                key = peer.session.key
+                sealer = self._sealer([] if key is None else [key])
                 with contextlib.suppress(TransportError):  # gone, or the broker is: done anyway
-                    self._pub.publish_locked("", peer.queue, goodbye, CONTROL_CHUNK, deadline)
+                    self._pub.publish_locked(
+                        "", peer.queue, goodbye, CONTROL_CHUNK, deadline, sealer
+                    )
             with contextlib.suppress(TransportError, px.AMQPError):
                 ch = self._pub.channel(deadline_after(BYE_TIMEOUT))
                 ch.queue_delete(self._uplink)
@@ -915,6 +1149,8 @@ class AmqpChannel(Channel):
     """A client of an :class:`AmqpHub`; retries until ``timeout`` while the hub is not up.
 
     ``chunk``: most bytes per AMQP message (default: the URL's, else :data:`DEFAULT_CHUNK`).
+    ``tls``: the link's TLS to the broker (its ``ca`` checks the broker's certificate, ``cert``
+    is shown if the broker asks); ``key``: this device's enrolled secret, proven to the hub.
     """
 
     protocol = "amqp"
@@ -929,12 +1165,18 @@ class AmqpChannel(Channel):
         limits: Limits = Limits(),
         timeout: float = 30.0,
         chunk: int | None = None,
+        tls: TLS | None = None,
+        key: Any = None,
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
-        self._address = AmqpAddress(url)
+        self._shown = redacted(url)  # the URL in messages: its password stays out of them
+        self._credentials(tls, key)
+        self._address = AmqpAddress(url, tls)
         if self._address.prefix is None:
-            raise TransportError(f"{url!r} names no hub: add ?prefix=... (the hub's .url has it)")
+            raise TransportError(
+                f"{self._shown!r} names no hub: add ?prefix=... (the hub's .url has it)"
+            )
         self.chunk = (
             _parse_chunk(chunk) if chunk is not None else self._address.chunk or DEFAULT_CHUNK
         )
@@ -943,7 +1185,7 @@ class AmqpChannel(Channel):
         self._queue = ""
         if len(f"{self._address.prefix}.c.{self.client_id}.12345678".encode()) > _MAX_NAME:
             raise TransportError(f"client id {self.client_id!r} is too long for an AMQP queue name")
-        self._cond = threading.Condition()  # guards _answer
+        self._cond = threading.Condition()  # guards _answer; notified when a session opens
         self._inbox = Inbox()
         self._consumer: _Consumer | None = None
         self._pub: _Publisher | None = None
@@ -958,16 +1200,26 @@ class AmqpChannel(Channel):
         self._queue = f"{self._address.prefix}.c.{self.client_id}.{uuid.uuid4().hex[:8]}"
         self._inbox = Inbox()
         self._inflow = _Inflow(self.limits)
-        self._session = self._client_session(f"the hub at {self.url}", queue=self._queue)
-        self._hello = self._session.hello()  # the same bytes every time it is said again
+        self._new_session()
         self._answer: Welcomed | Exception | None = None
+        self._forged: AuthenticationError | None = None  # why a welcome was not the hub's
         self._rehello_at: float | None = None  # when to say hello again (after a reconnect)
+        self._asking_since = 0.0  # when the hello said again after a reconnect began
+        self._afresh = False  # asking in a new session: the hub no longer had ours
         self._hub_unconsumed: float | None = None
         self._next_hub_check = 0.0
         self._pub = _Publisher(self._address, f"tensorwire {self.client_id} (send)", self.client_id)
         self._closed = False
         try:
-            welcome = dial(self._open, what=self.url, timeout=timeout)
+            welcome = dial(self._open, what=self._shown, timeout=timeout)
+        except TransportTimeout:
+            self._discard()
+            if self._forged is None:
+                raise
+            raise AuthenticationError(
+                f"no hub that knows {self.client_id!r}'s secret welcomed it at {self._shown} "
+                f"within {timeout} s: {self._forged}"
+            ) from None
         except BaseException:
             self._discard()
             raise
@@ -975,6 +1227,22 @@ class AmqpChannel(Channel):
         self.hub_max_bytes = welcome.max_message_bytes
         if old_queue:
             self._delete_queue(old_queue)
+
+    def _new_session(self) -> None:
+        """A fresh session on our queue, with its hello (encoded once: every repeat is the same
+        bytes, whose nonce the hub checks once) and the numbers of its sealed bodies, ours and
+        the hub's."""
+        self._session = self._client_session(f"the hub at {self._shown}", queue=self._queue)
+        self._hello = self._session.hello()
+        self._seq = itertools.count()
+        self._window = ReplayWindow()
+        self._early: list[tuple[str, bytes, bool]] = []  # the hub's, before the key to check them
+        self._early_bytes = 0
+
+    def _sealer(self) -> _Sealer | None:
+        """What seals this session's bodies once it has a key; None before, or without one."""
+        key = self._session.key
+        return None if key is None else _Sealer([key], self.client_id.encode(), self._seq)
 
     def _open(self, deadline: float | None) -> Welcomed:
         """Consume our queue (once), say hello, and wait a while for the answer."""
@@ -997,7 +1265,9 @@ class AmqpChannel(Channel):
             while self._answer is None:
                 left = remaining(wait_until)
                 if left == 0.0:
-                    raise TransportTimeout(f"the hub at {self.url} has not answered the hello yet")
+                    raise TransportTimeout(
+                        f"the hub at {self._shown} has not answered the hello yet"
+                    )
                 self._cond.wait(left)
             answer = self._answer
         if isinstance(answer, Exception):
@@ -1020,17 +1290,26 @@ class AmqpChannel(Channel):
 
     def _on_delivery(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         try:
-            self._take(method.exchange, props, body)
+            sender = _sender_of(props)
+            if sender != HUB:
+                raise TransportError(f"a message headed {_CLIENT_HEADER}: {sender!r}, not the hub")
+            self._take(method.exchange, body, bool(method.redelivered))
+        except AuthenticationError as exc:
+            self._rejected(exc)
         except (WireError, TransportError) as exc:
             self._dropped(exc)
         finally:
             ch.basic_ack(method.delivery_tag)
 
-    def _take(self, exchange: str, props: Any, body: bytes) -> None:
-        sender = _sender_of(props)
-        if sender != HUB:
-            raise TransportError(f"a message headed {_CLIENT_HEADER}: {sender!r}, not the hub")
-        whole = self._inflow.feed(body, time.perf_counter(), HUB)
+    def _take(self, exchange: str, body: bytes, redelivered: bool) -> None:
+        """A body headed as the hub's: checked (with a secret), reassembled, and data handed to
+        ``recv``, session messages to the session."""
+        chunk: Any = body
+        if self.secret is not None:
+            chunk = self._authentic(exchange, body, redelivered)
+            if chunk is None:
+                return
+        whole = self._inflow.feed(chunk, time.perf_counter(), HUB)
         if whole is None:
             return
         buf, first = whole
@@ -1047,27 +1326,142 @@ class AmqpChannel(Channel):
                 f"a {msg.kind!r} message through {exchange!r}: the hub sends those to our queue"
             )
         else:
-            self._on_session_message(msg)
+            self._on_session_message(msg, sealed=self.secret is not None)
 
-    def _on_session_message(self, msg: Message) -> None:
+    def _authentic(self, exchange: str, body: bytes, redelivered: bool) -> memoryview | None:
+        """The chunk of a body the hub sealed for this session, checked; None when nothing is
+        left to do with it: held until the welcome brings the key, the broker's redelivery, or
+        an unsealed welcome or refusal, handled here. ``AuthenticationError`` for anything
+        else: unsealed, forged, altered or replayed."""
+        key = self._session.key
+        error: AuthenticationError | None = None
+        if key is not None:
+            try:
+                return _unsealed(body, key, _HUB_SENDER, self._window, redelivered)
+            except AuthenticationError as exc:
+                error = exc
+        payload = _lone_chunk(body)
+        msg = None if payload is None else _session_message(payload)
+        if msg is None and key is None:
+            self._hold(exchange, body, redelivered)
+            return None
+        if msg is None or exchange or msg.kind not in ("welcome", "refuse"):
+            raise error or AuthenticationError(
+                "an unsealed message on an authenticated session: the hub seals all but its "
+                "first welcome and its refusals"
+            )
+        self._on_session_message(msg, sealed=False)
+        return None
+
+    def _hold(self, exchange: str, body: bytes, redelivered: bool) -> None:
+        """Keep a body that may be the hub's, sealed, until the welcome's key can check it."""
+        if self._early_bytes + len(body) > EARLY_BYTES:
+            raise TransportError(f"more than {EARLY_BYTES} bytes came before the welcome")
+        self._early.append((exchange, body, redelivered))
+        self._early_bytes += len(body)
+
+    def _check_early(self) -> None:
+        """Check and take what came before the welcome, now that its key is here."""
+        early, self._early, self._early_bytes = self._early, [], 0
+        for exchange, body, redelivered in early:
+            try:
+                self._take(exchange, body, redelivered)
+            except AuthenticationError as exc:
+                self._rejected(exc)
+            except (WireError, TransportError) as exc:
+                self._dropped(exc)
+
+    def _on_session_message(self, msg: Message, *, sealed: bool) -> None:
+        """A welcome, refuse or bye sent to our queue by name (``sealed`` with the session key,
+        or not)."""
+        s = self._session
+        named = msg.meta.get("session")
+        # a refusal names the session it refuses (an older hub's names none: taken while asking)
+        if (
+            msg.kind == "refuse"
+            and named != s.session
+            and (named is not None or s.state is State.OPEN)
+        ):
+            raise TransportError("a refusal of another session (stale or forged)")
+        if s.state is State.AWAIT_WELCOME:
+            self._on_answer(msg)
+        elif msg.kind == "welcome" and named == s.session:
+            if sealed or self.secret is None:
+                self._rehello_at = None  # the hub has us again after our reconnect
+            else:  # a copy of the first welcome: it answers a hello said before it came
+                log.debug("amqp: %s: an unsealed welcome again", self.client_id)
+        elif msg.kind == "refuse":
+            self._refused_again(msg)
+        else:
+            event = s.receive(msg)
+            if isinstance(event, Closed):
+                self._inbox.fail(s.closed_error())
+            else:
+                log.debug("amqp: %s: %s", self.client_id, event)
+
+    def _on_answer(self, msg: Message) -> None:
+        """The hub's answer to our hello (or something posing as it)."""
+        s = self._session
         try:
-            event = self._session.receive(msg)
-        except TransportError as exc:  # refused, or answered with something else than welcome
+            event = s.receive(msg)
+        except AuthenticationError as exc:
+            if s.state is not State.AWAIT_WELCOME:  # the hub refused our credential
+                self._answered(exc)
+            else:  # a welcome without proof of our secret: forged, or another hub's
+                self._forged = exc
+                self._rejected(exc)
+            return
+        except TransportError as exc:  # refused, another version, not a hub
             self._answered(exc)
             return
         if isinstance(event, Welcomed):
             self._answered(event)
-        elif isinstance(event, Closed):
-            self._inbox.fail(self._session.closed_error())
-        elif msg.kind == "welcome" and msg.meta.get("session") == self._session.session:
-            self._rehello_at = None  # the hub has us again after our reconnect
+            self._check_early()
         else:
             log.debug("amqp: %s: %s", self.client_id, event)
 
     def _answered(self, answer: Welcomed | Exception) -> None:
         with self._cond:
-            self._answer = answer
+            if not self._afresh:  # connect() waits for it
+                self._answer = answer
+            elif isinstance(answer, Exception):
+                self._inbox.fail(
+                    PeerGone(
+                        f"the hub at {self._shown} would not take {self.client_id!r} back: "
+                        f"{answer}; call reconnect()"
+                    )
+                )
+            else:
+                log.info("amqp: %s: the hub took us back in a new session", self.client_id)
+                self._afresh = False
+                self._rehello_at = None
             self._cond.notify_all()
+
+    def _refused_again(self, msg: Message) -> None:
+        """The hub refused the hello our open session said again: it no longer has the
+        session. With a secret the hub will not take that hello twice (its nonce is spent):
+        ask in a new session, whose hello is new."""
+        reason = msg.meta.get("reason", "no reason given")
+        if self._rehello_at is None:
+            raise TransportError(f"a refusal of our open session, which asked nothing: {reason}")
+        if self.secret is None:
+            self._inbox.fail(
+                PeerGone(
+                    f"the hub at {self._shown} would not take {self.client_id!r} back: "
+                    f"{reason}; call reconnect()"
+                )
+            )
+            return
+        self._ask_afresh(f"it refused our session's hello ({reason})")
+
+    def _ask_afresh(self, why: str) -> None:
+        log.info(
+            "amqp: %s: the hub no longer has our session: %s; asking anew", self.client_id, why
+        )
+        with self._cond:
+            self._new_session()
+            self._afresh = True
+        self._rehello_at = self._asking_since = time.monotonic()
 
     def _dropped(self, exc: Exception) -> None:
         _log_limited(
@@ -1082,10 +1476,16 @@ class AmqpChannel(Channel):
             self._pub.keepalive()
         now = time.monotonic()
         if self._rehello_at is not None and now >= self._rehello_at:
-            _say(self._control, self._uplink, self._hello, self.client_id)
+            sealer = self._sealer()
+            if sealer is not None and now - self._asking_since >= HUB_GRACE:
+                # no answer to our sealed hello: the hub may have our session under another
+                # key (a hub of its own started on the prefix took the first hello again)
+                self._ask_afresh(f"it did not answer our sealed hello for {HUB_GRACE:g} s")
+                sealer = None
+            _say(self._control, self._uplink, self._hello, self.client_id, sealer)
             self._rehello_at = now + HELLO_RETRY
-        open_ = self._session.state is State.OPEN and self._inbox.failed is None
-        if open_ and now >= self._next_hub_check:
+        joined = self._session.state is State.OPEN or self._afresh
+        if joined and self._inbox.failed is None and now >= self._next_hub_check:
             self._check_hub(now)
             self._next_hub_check = now + HUB_CHECK
 
@@ -1099,7 +1499,8 @@ class AmqpChannel(Channel):
         elif now - self._hub_unconsumed >= HUB_GRACE:
             self._inbox.fail(
                 PeerGone(
-                    f"the hub at {self.url} is gone: nobody consumed its queue for {HUB_GRACE:g} s"
+                    f"the hub at {self._shown} is gone: nobody consumed its queue for "
+                    f"{HUB_GRACE:g} s"
                 )
             )
 
@@ -1108,8 +1509,8 @@ class AmqpChannel(Channel):
 
     def _medium_back(self, down_s: float) -> None:
         self._hub_unconsumed = None
-        if self._session.state is State.OPEN:
-            self._rehello_at = time.monotonic()  # the hub may have lost track of us meanwhile
+        if self._session.state is State.OPEN:  # the hub may have lost track of us meanwhile
+            self._rehello_at = self._asking_since = time.monotonic()
 
     def _medium_gone(self, exc: Exception) -> bool:
         self._inbox.fail(PeerGone(f"lost RabbitMQ for {OUTAGE_LIMIT:g} s: {exc}"))
@@ -1138,7 +1539,28 @@ class AmqpChannel(Channel):
             raise PeerGone("channel is closed; call reconnect()")
         if self._inbox.failed is not None:
             raise PeerGone(str(self._inbox.failed))
-        self._pub.publish("", self._uplink, enc, self.chunk, deadline)
+        sealer = self._sealer()
+        if sealer is None and self.secret is not None:
+            sealer = self._await_key(deadline)
+        self._pub.publish("", self._uplink, enc, self.chunk, deadline, sealer)
+
+    def _await_key(self, deadline: float | None) -> _Sealer:
+        """The sealer once the hub has welcomed the new session we asked in (it no longer had
+        our old one), waiting until ``deadline`` (:data:`RECONNECT_TIMEOUT` without one)."""
+        give_up = deadline if deadline is not None else deadline_after(RECONNECT_TIMEOUT)
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self._session.key is not None or self._inbox.failed is not None or self._closed
+                ),
+                remaining(give_up),
+            )
+        if self._closed or self._inbox.failed is not None:
+            raise PeerGone(str(self._inbox.failed or "channel is closed; call reconnect()"))
+        sealer = self._sealer()
+        if sealer is None:
+            raise TransportTimeout(f"the hub at {self._shown} has not taken this client back yet")
+        return sealer
 
     def _delete_queue(self, queue: str) -> None:
         """Delete one of our queues, if the broker answers within BYE_TIMEOUT."""
@@ -1175,6 +1597,24 @@ class AmqpChannel(Channel):
             goodbye = encode_message(None, {"session": self._session.session}, kind="bye")
             with contextlib.suppress(TransportError):  # hub or broker gone: nobody to tell
                 self._pub.publish(
-                    "", self._uplink, goodbye, CONTROL_CHUNK, deadline_after(BYE_TIMEOUT)
+                    "",
+                    self._uplink,
+                    goodbye,
+                    CONTROL_CHUNK,
+                    deadline_after(BYE_TIMEOUT),
+                    self._sealer(),
                 )
         self._discard()
+
+
+class AmqpsHub(AmqpHub):
+    """:class:`AmqpHub` for ``amqps://`` URLs: the link to the broker runs TLS (port 5671 by
+    default)."""
+
+    protocol = "amqps"
+
+
+class AmqpsChannel(AmqpChannel):
+    """:class:`AmqpChannel` for ``amqps://`` URLs: the link to the broker runs TLS."""
+
+    protocol = "amqps"

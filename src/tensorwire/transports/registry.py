@@ -359,6 +359,15 @@ register_transport(
     baseline_target=0.9,
 )
 register_transport(
+    "amqps",
+    f"{_T}.amqp.AmqpsHub",
+    f"{_T}.amqp.AmqpsChannel",
+    "amqp",
+    broker="rabbitmq",
+    local_url="amqps://guest:guest@127.0.0.1:5671/%2F?prefix={tag}",
+    tls_form_of="amqp",
+)
+register_transport(
     "mqtt",
     f"{_T}.mqtt.MqttHub",
     f"{_T}.mqtt.MqttChannel",

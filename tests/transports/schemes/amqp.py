@@ -1,9 +1,21 @@
 """amqp:// under the conformance suite, against the RabbitMQ on 127.0.0.1:5672 (guest/guest);
-broker restarts on a private node, one per test session."""
+broker restarts and the security suite on a private node, one per test session.
+
+The private node starts plain; the first test that needs TLS restarts it once with a TLS
+listener beside the plain one, and a test that needs other certificates rotates them in
+without a restart (``RabbitMQBroker.use_tls``). ``amqps.py`` runs the same suites over TLS,
+through the ``tls_*`` functions here.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -11,7 +23,15 @@ from tensorwire.errors import MissingDependency
 
 SCHEME = "amqp"
 BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"
+T = 10.0  # seconds a raw client waits for the broker
 _PRIVATE = "_tensorwire_private_rabbitmq"  # the session's private node, kept on pytest's config
+_OWN_CERTS = "_tensorwire_rabbitmq_certs"  # certificates made for amqps' conformance runs
+_TRACED = "_tensorwire_rabbitmq_traced"  # whether the node's firehose is on
+_SPY_PREFIX = "twspy."  # a spy queue per hub prefix: what clients published, as the broker saw it
+
+
+def _prefix() -> str:
+    return f"twtest-{uuid.uuid4().hex[:12]}"
 
 
 def hub_url(request) -> str:
@@ -21,16 +41,26 @@ def hub_url(request) -> str:
 
     if not rabbitmq_answers(BROKER):
         pytest.skip(f"no RabbitMQ answers at {BROKER} (apt-get install rabbitmq-server)")
-    return f"{BROKER}?prefix=twtest-{uuid.uuid4().hex[:12]}"
+    return f"{BROKER}?prefix={_prefix()}"
+
+
+def _connection(url: str, tls: Any = None) -> Any:
+    """A raw pika connection to the broker of ``url`` (TLS for amqps:// or with ``tls``;
+    without ``tls`` against the CAs the test trusts as the system's)."""
+    import pika
+
+    from tensorwire.transports.amqp import AmqpAddress
+
+    params = AmqpAddress(url, tls).params
+    params.heartbeat = 0  # short-lived: nothing to keep alive
+    return pika.BlockingConnection(params)
 
 
 def _publish(hub_url: str, messages: list[tuple[str, str, str, bytes]]) -> None:
     """Publish raw ``(exchange, routing key, tw-client header, body)`` messages, confirmed."""
     import pika
 
-    from tensorwire.transports.amqp import AmqpAddress
-
-    conn = pika.BlockingConnection(AmqpAddress(hub_url).params)
+    conn = _connection(hub_url)
     try:
         ch = conn.channel()
         ch.confirm_delivery()
@@ -97,31 +127,193 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     _publish(hub_url, messages)
 
 
-class PrivateBroker:
-    """The session's private RabbitMQ node: :meth:`hub_url` with a fresh prefix, :meth:`restart`."""
+# --- the session's private node ------------------------------------------------------------
 
-    def __init__(self, node) -> None:
+
+def _node(request: pytest.FixtureRequest, tls: Any = None) -> Any:
+    """The session's private RabbitMQ node, started on first use and stopped when the session
+    ends; with ``tls``, serving TLS with those files (a TLS listener added by one restart, or
+    new files rotated in), its plain listener kept."""
+    pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
+    from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker
+
+    node = getattr(request.config, _PRIVATE, None)
+    if node is None:
+        options = {} if tls is None else {"tls": tls, "plain_port": 0}
+        try:
+            node = RabbitMQBroker(**options).start()
+        except MissingDependency as exc:
+            pytest.skip(str(exc))
+        request.config.add_cleanup(node.stop)
+        setattr(request.config, _PRIVATE, node)
+    elif tls is not None and node.tls != tls:
+        node.use_tls(tls)
+    return node
+
+
+class PrivateBroker:
+    """The session's private RabbitMQ node: :meth:`hub_url` with a fresh prefix (on its TLS
+    listener if ``tls``), :meth:`restart`."""
+
+    def __init__(self, node: Any, tls: bool = False) -> None:
         self.node = node
+        self.tls = tls
 
     def hub_url(self) -> str:
-        return self.node.url(prefix=f"twtest-{uuid.uuid4().hex[:12]}")
+        return self.node.url(_prefix()) if self.tls else self.node.plain_url(_prefix())
 
     def restart(self, down_s: float) -> None:
         self.node.restart(down_s)
 
 
 def private_broker(request: pytest.FixtureRequest) -> PrivateBroker:
-    """A private RabbitMQ node, started on first use and stopped when the session ends."""
-    pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
-    from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker
+    """The session's private RabbitMQ node, through its plain listener."""
+    return PrivateBroker(_node(request))
 
-    broker = getattr(request.config, _PRIVATE, None)
-    if broker is None:
+
+def _tls_settings(certs: Path) -> Any:
+    from tensorwire.transports.security import TLS
+
+    return TLS(cert=certs / "hub.pem", key=certs / "hub.key", ca=certs / "ca.pem")
+
+
+def _trusted_tls_node(request: pytest.FixtureRequest) -> Any:
+    """The session's node with a TLS listener whose CA this test trusts as the system's
+    (``SSL_CERT_FILE``): clients connect with no ``tls=``, as to a broker with a public
+    certificate, and so do the peers it starts. Whatever certificates the node serves are
+    kept (the security suite's, say); a node serving none gets some made for it."""
+    node = getattr(request.config, _PRIVATE, None)
+    if node is None or node.tls is None:
+        certs = getattr(request.config, _OWN_CERTS, None)
+        if certs is None:
+            pytest.importorskip("cryptography", reason="cryptography is not installed")
+            from tensorwire.transports.certs import make_certs
+
+            directory = request.getfixturevalue("tmp_path_factory").mktemp("amqps-certs")
+            certs = make_certs(directory, hosts=["127.0.0.1", "localhost"], clients=[])
+            setattr(request.config, _OWN_CERTS, certs)
+        node = _node(request, _tls_settings(Path(certs.directory)))
+    before = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(node.tls.ca)
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop("SSL_CERT_FILE", None)
+        else:
+            os.environ["SSL_CERT_FILE"] = before
+
+    request.addfinalizer(restore)
+    return node
+
+
+def tls_hub_url(request: pytest.FixtureRequest) -> str:
+    """A fresh prefix on the session node's TLS listener, as ``amqps://``."""
+    return _trusted_tls_node(request).url(_prefix())
+
+
+def tls_private_broker(request: pytest.FixtureRequest) -> PrivateBroker:
+    """The session's private node, through its TLS listener (trusted as the system's CA)."""
+    return PrivateBroker(_trusted_tls_node(request), tls=True)
+
+
+# --- the security suite --------------------------------------------------------------------
+
+
+def _trace(node: Any) -> None:
+    """Turn the node's firehose on: a copy of every message published on the vhost goes to
+    ``amq.rabbitmq.trace``, which any user may bind a queue to, as a broker admin (or anyone
+    who took the broker over) can see everything that crosses it."""
+    from tensorwire.transports.brokers.rabbitmq import CTL_TIMEOUT
+
+    subprocess.run(
+        [str(node._ctl), "-n", node.node, "trace_on", "-p", node.vhost],
+        env=node._env,
+        capture_output=True,
+        timeout=CTL_TIMEOUT,
+        check=True,
+    )
+
+
+def secure_hub_url(request: pytest.FixtureRequest, enrolment: Any, scheme: str = "amqp") -> str:
+    """A fresh prefix on the session node's TLS listener, serving ``enrolment``'s hub.pem;
+    ``amqp://`` (TLS from the ``tls=`` the suite passes) or ``amqps://``. Another user of the
+    broker keeps a copy of everything published from now on (for :func:`replay_last`)."""
+    node = _node(request, _tls_settings(Path(enrolment.directory)))
+    if not getattr(request.config, _TRACED, False):
+        _trace(node)
+        setattr(request.config, _TRACED, True)
+    prefix = _prefix()
+    conn = _connection(node.plain_url())
+    try:
+        ch = conn.channel()
+        spy = _SPY_PREFIX + prefix
+        ch.queue_declare(spy, arguments={"x-max-length": 1000, "x-expires": 300_000})
+        ch.queue_bind(spy, "amq.rabbitmq.trace", routing_key="publish.#")
+    finally:
+        conn.close()
+
+    def stop() -> None:
+        conn = _connection(node.plain_url())
         try:
-            node = RabbitMQBroker().start()
-        except MissingDependency as exc:
-            pytest.skip(str(exc))
-        request.config.add_cleanup(node.stop)
-        broker = PrivateBroker(node)
-        setattr(request.config, _PRIVATE, broker)
-    return broker
+            conn.channel().queue_delete(spy)
+        finally:
+            conn.close()
+
+    request.addfinalizer(stop)
+    url = node.url(prefix)
+    return url.replace("amqps://", "amqp://", 1) if scheme == "amqp" else url
+
+
+def proxy_target(hub_url: str) -> tuple[str, int]:
+    """Where a recording proxy forwards a client's connection to: the broker's TLS port."""
+    parts = urlsplit(hub_url)
+    assert parts.hostname is not None and parts.port is not None
+    return parts.hostname, parts.port
+
+
+def proxied_url(hub_url: str, port: int) -> str:
+    """The hub's URL with the broker reached through a proxy on 127.0.0.1:``port`` (the name
+    the client checks in the broker's certificate: 127.0.0.1 is in it)."""
+    parts = urlsplit(hub_url)
+    user = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=(f"{user}@" if user else "") + f"127.0.0.1:{port}"))
+
+
+def replay_last(hub_url: str, enrolment: Any) -> None:
+    """As another user of the broker, publish the last sealed body a client published to the
+    hub's uplink (as the firehose showed it) again: once as it was, once with a byte flipped."""
+    import pika
+
+    from tensorwire.transports.amqp import AmqpAddress
+    from tensorwire.transports.security import TLS
+
+    prefix = AmqpAddress(hub_url).prefix
+    up = f"{prefix}.up"
+    conn = _connection(hub_url, TLS(ca=enrolment.ca))
+    try:
+        ch = conn.channel()
+        captured: list[tuple[str, bytes]] = []
+        deadline = time.monotonic() + T
+        while not captured and time.monotonic() < deadline:
+            while True:
+                method, props, body = ch.basic_get(_SPY_PREFIX + prefix, auto_ack=True)
+                if method is None:
+                    break
+                headers = props.headers or {}
+                original = (headers.get("properties") or {}).get("headers") or {}
+                sender = original.get("tw-client")
+                sender = sender.decode() if isinstance(sender, bytes) else sender
+                keys = [k.decode() if isinstance(k, bytes) else k for k in headers["routing_keys"]]
+                if up in keys and sender != "hub" and body.endswith(b"TWMA"):  # sealed
+                    captured.append((sender, body))
+            time.sleep(0.05)
+        assert captured, "no client published a sealed body that another user could see"
+        sender, body = captured[-1]
+        altered = bytearray(body)
+        altered[len(altered) // 2] ^= 0x01
+        ch.confirm_delivery()
+        props = pika.BasicProperties(headers={"tw-client": sender}, delivery_mode=2)
+        for copy in (body, bytes(altered)):
+            ch.basic_publish("", up, copy, props)
+    finally:
+        conn.close()

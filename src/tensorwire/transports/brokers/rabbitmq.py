@@ -10,12 +10,15 @@ directory; ``restart(down_s)`` stops the node and starts it again on the same po
 name and directory, so its durable queues and persistent messages come back. With a
 ``command_prefix`` (e.g. ``ip netns exec NS``) the node, its epmd and
 ``rabbitmqctl`` run behind it, in a testbed's server namespace, and it is probed from there;
-``bind`` is the address its AMQP listener takes. pika is imported only to probe a broker.
+``bind`` is the address its AMQP listener takes. With ``tls=`` that listener speaks TLS
+(``amqps://``) on the given certificate; ``use_tls`` adds one to a running node or rotates its
+files. pika is imported only to probe a broker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -31,6 +34,8 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.readiness import wait_answering
+from tensorwire.transports.security import TLS, split_security_options
+from tensorwire.transports.url import redacted
 
 DEFAULT_PORT = 5672
 INSTALL_HINT = "apt-get install rabbitmq-server (Debian/Ubuntu), dnf install rabbitmq-server"
@@ -38,11 +43,17 @@ INSTALL_HINT = "apt-get install rabbitmq-server (Debian/Ubuntu), dnf install rab
 # cookie and home): the scripts it wraps, in /usr/lib/rabbitmq/bin, run as we are.
 _SEARCH = ("/usr/lib/rabbitmq/bin", "/usr/lib/rabbitmq/sbin", "/usr/sbin", "/usr/local/sbin")
 STOP_TIMEOUT = 30.0  # seconds for the node to stop after SIGTERM before it is killed
+CTL_TIMEOUT = 60.0  # seconds for one rabbitmqctl command (it starts an Erlang VM of its own)
+# Erlang/OTP's ssl serves TLS 1.3 from OTP 23 on (22's was experimental); the node asks for
+# the newest its OTP has, as tensorwire's clients speak TLS 1.3 only.
+_TLS13_OTP = 23
 
 
 def rabbitmq_answers(url: str, timeout: float = 2.0) -> bool:
-    """Whether a broker at the ``amqp://`` URL accepts an AMQP connection with the URL's
-    credentials and vhost within ``timeout`` seconds."""
+    """Whether a broker at the ``amqp://`` or ``amqps://`` URL accepts an AMQP connection with
+    the URL's credentials and vhost within ``timeout`` seconds. Over TLS the broker's
+    certificate is checked first (against the URL's ``ca=``, else the system's CAs), so the
+    credentials go only to the broker the URL names."""
     try:
         import pika
         import pika.exceptions
@@ -52,7 +63,8 @@ def rabbitmq_answers(url: str, timeout: float = 2.0) -> bool:
         raise MissingDependency(
             f"probing RabbitMQ needs {exc.name or exc}: pip install 'tensorwire[amqp]'"
         ) from exc
-    params = AmqpAddress(url).params
+    url, security = split_security_options(url, "channel")
+    params = AmqpAddress(url, tls=security.get("tls")).params
     try:  # nothing listening: say so without pika's error logs of a failed connection
         socket.create_connection((params.host, params.port), timeout=timeout).close()
     except OSError:
@@ -86,6 +98,27 @@ def _free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
+@functools.cache
+def _otp_release() -> int:
+    """The major Erlang/OTP release installed (``releases/N`` under ``erl``'s root); 0 if
+    unknown."""
+    erl = shutil.which("erl", path=f"{os.environ.get('PATH', '')}:/usr/lib/erlang/bin")
+    if erl is None:
+        return 0
+    releases = [
+        int(d.name)
+        for d in (Path(erl).resolve().parent.parent / "releases").glob("*")
+        if d.name.isdigit()
+    ]
+    return max(releases, default=0)
+
+
+def tls_version() -> str:
+    """The TLS version a private node serves: ``tlsv1.3`` where its Erlang has it, else
+    ``tlsv1.2``."""
+    return "tlsv1.3" if _otp_release() >= _TLS13_OTP else "tlsv1.2"
+
+
 def _credentials(url: str) -> tuple[str, str, str]:
     """(user, password, vhost) of an ``amqp://`` URL, with AMQP's defaults."""
     parts = urlsplit(url)
@@ -101,6 +134,14 @@ class RabbitMQBroker:
     address the AMQP listener takes (and its URL names); ``command_prefix`` an argv prefix
     every program of the node is started behind, e.g. ``["ip", "netns", "exec", "NS"]``.
     Its handshake and send timeouts are sized for lossy links (see :meth:`_config`).
+
+    ``tls``: the listener on ``port`` speaks TLS (:func:`tls_version`) with ``tls.cert`` /
+    ``tls.key`` (copied into the node's directory). It asks clients for no certificate
+    (``verify_none``): its users' passwords admit connections and the hub decides who joins,
+    and ``tensorwire certs`` makes the hub's certificate a server's, which Erlang would refuse
+    as a client's. ``tls.ca`` is what its readiness probe checks it against. ``plain_port``
+    (0: a free one) keeps a plain AMQP listener as well. :meth:`url` names ``amqps://`` then,
+    :meth:`plain_url` the plain listener.
     """
 
     host = "127.0.0.1"
@@ -117,8 +158,15 @@ class RabbitMQBroker:
         startup_timeout: float = 60.0,
         bind: str = "127.0.0.1",
         command_prefix: Sequence[str] = (),
+        tls: TLS | None = None,
+        plain_port: int | None = None,
     ) -> None:
+        _check_tls(tls)
+        if plain_port is not None and tls is None:
+            raise TransportError("plain_port= is a second listener beside a TLS one: give tls=")
         self.port = port
+        self.tls = tls
+        self.plain_port = plain_port
         self.host = bind
         self.command_prefix = list(command_prefix)
         self.user, self.password, self.vhost = user, password, vhost
@@ -140,16 +188,37 @@ class RabbitMQBroker:
         return self._proc.pid if self._proc is not None else None
 
     def url(self, prefix: str | None = None) -> str:
-        """``amqp://user:pass@127.0.0.1:PORT/vhost`` for this broker (``?prefix=`` if given)."""
+        """``amqp://user:pass@127.0.0.1:PORT/vhost`` for this broker (``amqps://`` with TLS;
+        ``?prefix=`` if given)."""
+        return self._url("amqps" if self.tls is not None else "amqp", self.port, prefix)
+
+    def plain_url(self, prefix: str | None = None) -> str:
+        """The ``amqp://`` URL of the plain listener: :attr:`port` without TLS, else
+        :attr:`plain_port` (``TransportError`` if the node has none)."""
+        if self.tls is None:
+            return self._url("amqp", self.port, prefix)
+        if self.plain_port is None:
+            raise TransportError("this node listens with TLS only: it has no plain_port")
+        return self._url("amqp", self.plain_port, prefix)
+
+    def _url(self, scheme: str, port: int, prefix: str | None) -> str:
         url = (
-            f"amqp://{quote(self.user, safe='')}:{quote(self.password, safe='')}"
-            f"@{self.host}:{self.port}/{quote(self.vhost, safe='')}"
+            f"{scheme}://{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+            f"@{self.host}:{port}/{quote(self.vhost, safe='')}"
         )
         return url if prefix is None else f"{url}?prefix={quote(prefix, safe='')}"
 
+    def _probe_url(self) -> str:
+        """What the readiness probe connects to: the plain listener if there is one, else the
+        TLS one, checked against ``tls.ca`` (the node's certificate is rarely a public one)."""
+        if self.tls is None or self.plain_port is not None:
+            return self.plain_url()
+        ca = f"&ca={quote(str(Path(self.tls.ca).resolve()))}" if self.tls.ca is not None else ""
+        return f"{self.url()}?tls=1{ca}"
+
     def _config(self) -> str:
         lines = {
-            "listeners.tcp.default": f"{self.host}:{self.port}",
+            **self._listener_lines(),
             "default_user": self.user,
             "default_pass": self.password,
             "default_vhost": self.vhost,
@@ -173,6 +242,39 @@ class RabbitMQBroker:
             **self.settings,
         }
         return "".join(f"{k} = {v}\n" for k, v in lines.items())
+
+    def _listener_lines(self) -> dict[str, str]:
+        """The AMQP listeners: plain on :attr:`port`, or TLS there (and plain on
+        :attr:`plain_port`, if set) with the certificate files in the node's directory."""
+        if self.tls is None:
+            return {"listeners.tcp.default": f"{self.host}:{self.port}"}
+        assert self.dir is not None
+        tls_dir = self.dir / "tls"
+        lines = {
+            "listeners.tcp": "none",
+            "listeners.ssl.default": f"{self.host}:{self.port}",
+            "ssl_options.certfile": str(tls_dir / "cert.pem"),
+            "ssl_options.keyfile": str(tls_dir / "key.pem"),
+            "ssl_options.versions.1": tls_version(),
+            "ssl_options.verify": "verify_none",
+            "ssl_options.fail_if_no_peer_cert": "false",
+        }
+        if self.plain_port is not None:
+            del lines["listeners.tcp"]
+            lines["listeners.tcp.default"] = f"{self.host}:{self.plain_port}"
+        return lines
+
+    def _copy_tls_files(self) -> None:
+        """Copy the certificate and its key into the node's directory (where :meth:`_config`
+        names them), so that rotating them is replacing these copies."""
+        assert self.dir is not None and self.tls is not None
+        assert self.tls.cert is not None and self.tls.key is not None
+        tls_dir = self.dir / "tls"
+        tls_dir.mkdir(mode=0o700, exist_ok=True)
+        for name, source in (("cert.pem", self.tls.cert), ("key.pem", self.tls.key)):
+            target = tls_dir / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
 
     def _environment(self, epmd_port: int) -> dict[str, str]:
         assert self.dir is not None
@@ -205,13 +307,17 @@ class RabbitMQBroker:
         epmd = shutil.which("epmd", path=f"{os.environ.get('PATH', '')}:/usr/lib/erlang/bin")
         if epmd is None:
             raise MissingDependency(f"Erlang's epmd is not installed: {INSTALL_HINT}")
+        # Behind a prefix the node's namespace is elsewhere: any port free here will do.
+        here = "127.0.0.1" if self.command_prefix else self.host
         if self.port == 0:
-            # Behind a prefix the node's namespace is elsewhere: any port free here will do.
-            self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
+            self.port = _free_port(here)
+        if self.plain_port == 0:
+            self.plain_port = _free_port(here)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-rabbitmq-"))
         (self.dir / "rabbitmq-env.conf").write_text("")
         (self.dir / "enabled_plugins").write_text("[].\n")
-        (self.dir / "rabbitmq.conf").write_text(self._config())
+        if self.tls is not None:
+            self._copy_tls_files()
         epmd_port = _free_port("127.0.0.1")
         self._env = self._environment(epmd_port)
         with open(self.dir / "startup.log", "wb") as out:
@@ -228,6 +334,7 @@ class RabbitMQBroker:
     def _launch(self) -> None:
         """Run the node on the prepared directory and environment; wait until it answers."""
         assert self.dir is not None and self._server is not None
+        (self.dir / "rabbitmq.conf").write_text(self._config())  # use_tls() may have changed it
         log = self.dir / "startup.log"
         with open(log, "ab") as out:
             self._proc = subprocess.Popen(
@@ -239,7 +346,7 @@ class RabbitMQBroker:
                 start_new_session=True,  # its own process group: stop() can end all of it
             )
         if not wait_answering(
-            self._proc, "amqp", self.url(), self.startup_timeout, self.command_prefix
+            self._proc, "amqp", self._probe_url(), self.startup_timeout, self.command_prefix
         ):
             running = self._proc.poll() is None
             log_tail = log.read_text(errors="replace")[-3000:]
@@ -260,6 +367,43 @@ class RabbitMQBroker:
             self._halt()
             time.sleep(down_s)
             self._launch()
+
+    def use_tls(self, tls: TLS) -> None:
+        """Serve TLS with ``tls``'s files from now on. A node that has a TLS listener takes
+        them in without a restart (RabbitMQ's certificate rotation: the copies it reads are
+        replaced and its PEM cache cleared, so new connections get the new files); a node
+        without one is restarted with one on a free port, its plain listener kept as
+        :attr:`plain_port`."""
+        _check_tls(tls)
+        with self._lock:
+            if self.dir is None:
+                raise TransportError("the broker is not running: start() it first")
+            old, self.tls = self.tls, tls
+            self._copy_tls_files()
+            if old is not None:
+                self._ctl_eval("ssl:clear_pem_cache().")
+                return
+            self.plain_port = self.port
+            self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
+            self._halt()
+            self._launch()
+
+    def _ctl_eval(self, expression: str) -> str:
+        """Evaluate an Erlang expression on the node (``rabbitmqctl eval``); its output."""
+        assert self._ctl is not None
+        done = subprocess.run(
+            [*self.command_prefix, str(self._ctl), "-n", self.node, "eval", expression],
+            env=self._env,
+            capture_output=True,
+            text=True,
+            timeout=CTL_TIMEOUT,
+        )
+        if done.returncode != 0:
+            raise TransportError(
+                f"rabbitmqctl eval {expression!r} on {self.node} failed: "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
+        return done.stdout
 
     def _halt(self) -> None:
         """Stop the node and wait until it is gone, keeping its directory and epmd.
@@ -307,14 +451,26 @@ class RabbitMQBroker:
         self.stop()
 
 
+def _check_tls(tls: TLS | None) -> None:
+    if tls is not None and (tls.cert is None or tls.key is None):
+        raise TransportError("a broker's TLS needs cert= and key= (tensorwire certs makes them)")
+
+
 @contextlib.contextmanager
 def ensure_rabbitmq(url: str, **broker_options: object) -> Iterator[str]:
     """Yield ``url`` if a broker accepts it, else the URL of a private :class:`RabbitMQBroker`
     (``url`` with host and port replaced; its user, password and vhost are created) that is
-    stopped when the block ends."""
+    stopped when the block ends. A private broker for an ``amqps://`` URL needs certificates:
+    give ``tls=`` (``tensorwire certs`` makes them)."""
     if rabbitmq_answers(url):
         yield url
         return
+    if urlsplit(url).scheme == "amqps" and broker_options.get("tls") is None:
+        raise TransportError(
+            f"no RabbitMQ answers at {redacted(url)}, and a private one "
+            "for amqps:// needs a certificate: ensure_rabbitmq(url, tls=TLS(cert=, key=, "
+            "ca=)), or local_hub_url(..., secure=CERTS_DIR)"
+        )
     user, password, vhost = _credentials(url)
     options = {"user": user, "password": password, "vhost": vhost, **broker_options}
     with RabbitMQBroker(**options) as broker:  # type: ignore[arg-type]
