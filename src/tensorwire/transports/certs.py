@@ -66,7 +66,7 @@ def _certificate(
     *,
     ca: bool = False,
     hosts: Sequence[str] = (),
-    usage: x509.ObjectIdentifier | None = None,
+    usage: Sequence[x509.ObjectIdentifier] = (),
 ) -> x509.Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     now = datetime.datetime.now(datetime.UTC)
@@ -88,8 +88,8 @@ def _certificate(
             except ValueError:
                 alt.append(x509.DNSName(host))
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usage)), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -125,7 +125,8 @@ def make_certs(
         ca_cert.subject,
         ca_key,
         hosts=hosts,
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        # client use too: a broker that checks client certificates then admits the hub
+        usage=(ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
     )
     enrolment = Enrolment(
         directory=out,
@@ -138,7 +139,7 @@ def make_certs(
     for cid in clients:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _certificate(
-            cid, key, ca_cert.subject, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH
+            cid, key, ca_cert.subject, ca_key, usage=(ExtendedKeyUsageOID.CLIENT_AUTH,)
         )
         secret = secrets.token_hex(32)
         keys[cid] = secret
