@@ -831,6 +831,8 @@ class AmqpHub(Hub):
     admit clients here: the hub never sees a client's certificate, the broker does.
     """
 
+    sees_client_certificates = False  # they reach the broker, never the hub
+
     protocol = "amqp"
 
     def __init__(

@@ -378,6 +378,10 @@ class Hub(_Endpoint):
     are called from transport threads.
     """
 
+    sees_client_certificates = True
+    """Whether a TLS client certificate reaches this hub (False on a broker: it reaches the
+    broker only, so mutual TLS cannot identify a device to the hub there)."""
+
     def __init__(
         self,
         *,
@@ -397,7 +401,8 @@ class Hub(_Endpoint):
         self.on_event = on_event
         self.tls = tls
         keys = auth if auth is None or isinstance(auth, Keys) else _keys(auth)
-        if authenticate is None and (keys is not None or (tls is not None and tls.mutual)):
+        mutual = tls is not None and tls.mutual and self.sees_client_certificates
+        if authenticate is None and (keys is not None or mutual):
             authenticate = KeyAuthenticator(keys, require_tls_name=keys is None)
         self.authenticate = authenticate
         self._open_door_said = False

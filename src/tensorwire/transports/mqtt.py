@@ -799,6 +799,8 @@ class MqttHub(Hub):
     ``authenticate`` runs on the MQTT network thread: it must not send.
     """
 
+    sees_client_certificates = False  # they reach the broker, never the hub
+
     protocol = "mqtt"
 
     def __init__(
