@@ -500,11 +500,23 @@ def test_a_broker_certificate_this_side_does_not_trust_fails_at_once(secured):
     assert time.monotonic() - t < 10
 
 
-def test_mutual_tls_without_keys_is_refused_at_the_hub(secured, enrolment):
+def test_a_client_certificate_on_a_broker_hub_identifies_nobody_to_the_hub(
+    secured, enrolment, caplog
+):
+    """The hub's certificate and CA are for the broker; without keys the hub admits anyone
+    who can reach the broker, and says so (a certificate never reaches it on amqp)."""
+    import logging
+
     url, _, _ = secured
     tls = tensorwire.TLS(cert=enrolment.hub_cert, key=enrolment.hub_key, ca=enrolment.ca)
-    with pytest.raises(TransportError, match="auth="):
-        tensorwire.serve(url, tls=tls)
+    with (
+        caplog.at_level(logging.WARNING, logger="tensorwire"),
+        tensorwire.serve(url, tls=tls) as hub,
+    ):
+        assert hub.authenticate is None
+        with tensorwire.connect(hub.url, client_id="d9", tls=tensorwire.TLS(ca=enrolment.ca)):
+            hub.wait_for(1, timeout=T)
+    assert any("accepts ANYONE" in r.getMessage() for r in caplog.records)
 
 
 def test_a_client_with_a_secret_refuses_a_hub_without_keys(secured, enrolment):

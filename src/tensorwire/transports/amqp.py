@@ -112,7 +112,7 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
-from tensorwire.transports.security import TLS, KeyAuthenticator, ReplayWindow, seal, unseal
+from tensorwire.transports.security import TLS, ReplayWindow, seal, unseal
 from tensorwire.transports.session import (
     CLIENT_ID,
     HELLO_LIMITS,
@@ -845,11 +845,6 @@ class AmqpHub(Hub):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        if isinstance(self.authenticate, KeyAuthenticator) and self.authenticate.keys is None:
-            raise TransportError(
-                "a hub on amqp:// never sees its clients' certificates (the broker does), so "
-                "mutual TLS would admit nobody: give auth= the enrolled keys (keys.json)"
-            )
         address = AmqpAddress(url, self.tls)
         self.prefix = address.prefix or f"tw-{uuid.uuid4().hex[:12]}"
         self.chunk = _parse_chunk(chunk) if chunk is not None else address.chunk or DEFAULT_CHUNK
