@@ -84,7 +84,6 @@ from tensorwire.transports.base import (
 )
 from tensorwire.transports.security import (
     TLS,
-    KeyAuthenticator,
     Keys,
     ReplayWindow,
     seal,
@@ -815,7 +814,7 @@ class MqttHub(Hub):
         super().__init__(**options)
         self.settings = s = MqttSettings.from_url(url, qos, chunk_bytes, tls=self.tls is not None)
         self.url = url
-        if isinstance(self.authenticate, KeyAuthenticator) and self.authenticate.keys is None:
+        if self.tls is not None and self.authenticate is None:
             log.warning(
                 "mqtt: the hub at %s has TLS settings but no auth= keys: client certificates "
                 "reach the broker, never the hub, so it admits ANYONE who can use the broker",
