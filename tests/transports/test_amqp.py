@@ -25,6 +25,7 @@ from tensorwire.errors import (  # noqa: E402
 )
 from tensorwire.transports import amqp  # noqa: E402
 from tensorwire.transports.brokers.rabbitmq import rabbitmq_answers  # noqa: E402
+from tensorwire.transports.security import Sealer  # noqa: E402
 from tensorwire.wire import encode_message, iter_chunks  # noqa: E402
 from tensorwire.wire.chunks import CHUNK_HEADER, CHUNK_MAGIC  # noqa: E402
 
@@ -595,7 +596,7 @@ def test_forged_session_messages_to_a_keyed_client_change_nothing(secured, reque
 
 def test_a_redelivery_is_dropped_quietly_and_a_replay_is_refused():
     key, window = b"k" * 32, amqp.ReplayWindow()
-    sealer = amqp._Sealer([key], b"d1", iter(range(100)))
+    sealer = Sealer([key], b"d1", iter(range(100)))
     chunk = _chunks(encode_message(None, {"n": 1}), 5)[0]
     body = chunk + sealer([chunk])
     assert bytes(amqp._unsealed(body, key, b"d1", window, False)) == chunk

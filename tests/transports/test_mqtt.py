@@ -654,12 +654,12 @@ def test_data_sent_before_the_welcome_is_held_until_it_can_be_checked(
 def test_duplicates_resends_and_replays_of_sealed_payloads():
     import itertools
 
-    from tensorwire.transports.mqtt import _Sealer, _unsealed
-    from tensorwire.transports.security import ReplayWindow
+    from tensorwire.transports.mqtt import _unsealed
+    from tensorwire.transports.security import ReplayWindow, Sealer
     from tensorwire.wire import encode_message
 
     key = bytes(range(32))
-    sealer = _Sealer([key], b"dev1", itertools.count())
+    sealer = Sealer([key], b"dev1", itertools.count())
     chunks = [_one_chunk(encode_message(None, {"n": i})) for i in range(2)]
     first, second = (c + sealer([c]) for c in chunks)
     window = ReplayWindow()

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import itertools
 import logging
 import ssl
@@ -83,7 +82,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -112,7 +111,7 @@ from tensorwire.transports.base import (
     dial,
     remaining,
 )
-from tensorwire.transports.security import TLS, ReplayWindow, seal, unseal
+from tensorwire.transports.security import TLS, ReplayWindow, Sealer, unseal
 from tensorwire.transports.session import (
     CLIENT_ID,
     HELLO_LIMITS,
@@ -415,31 +414,7 @@ class _Admin:
 # -- MACs on the broker (docs/security.md) ---------------------------------------------------
 
 
-class _Sealer:
-    """Seals the bodies one sender publishes for the receivers' session ``keys``: the MAC
-    trailer of docs/security.md, under the sender's next number from ``counter``."""
-
-    def __init__(self, keys: list[bytes], sender: bytes, counter: Iterator[int]) -> None:
-        self.keys = keys
-        self.sender = sender
-        self.counter = counter
-
-    @functools.cached_property
-    def size(self) -> int:
-        """Bytes the trailer adds to every body."""
-        return len(seal((), 0, self.keys, self.sender))
-
-    def __call__(self, parts: Sequence[Any]) -> bytes:
-        """The trailer for the chunk made of ``parts`` (buffers)."""
-        return seal(parts, next(self.counter), self.keys, self.sender)
-
-    def reseal(self, body: bytes) -> bytes:
-        """``body`` (sealed by this sealer) sealed again under a new number."""
-        chunk = memoryview(body)[: len(body) - self.size]
-        return b"".join([chunk, self([chunk])])
-
-
-def _sealed_body(parts: Sequence[Any], sealer: _Sealer | None) -> bytes:
+def _sealed_body(parts: Sequence[Any], sealer: Sealer | None) -> bytes:
     """One AMQP message body: the chunk made of ``parts``, and its trailer if there is a
     ``sealer`` (pika takes bytes only: the one copy a send makes)."""
     return b"".join(parts if sealer is None else [*parts, sealer(parts)])
@@ -497,7 +472,7 @@ def _refusal(exc: SessionRefused, session: Any) -> EncodedMessage:
 
 
 def _say(
-    ch: Any, queue: str, enc: EncodedMessage, sender: str, sealer: _Sealer | None = None
+    ch: Any, queue: str, enc: EncodedMessage, sender: str, sealer: Sealer | None = None
 ) -> bool:
     """Publish a session message to ``queue`` on the confirming channel ``ch``, sealed if
     there is a ``sealer``; False if no queue takes it (its owner left) or the broker refused it."""
@@ -559,7 +534,7 @@ class _Publisher:
         enc: EncodedMessage,
         chunk: int,
         deadline: float | None,
-        sealer: _Sealer | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         """Publish ``enc`` as chunks of ``chunk`` bytes, each sealed if there is a ``sealer``
         (as it goes, so the numbers follow the publishes); return once the broker confirmed
@@ -574,7 +549,7 @@ class _Publisher:
         enc: EncodedMessage,
         chunk: int,
         deadline: float | None,
-        sealer: _Sealer | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         """:meth:`publish` for a caller that holds :attr:`lock` already."""
         self._last_used = time.monotonic()
@@ -590,7 +565,7 @@ class _Publisher:
         exchange: str,
         routing_key: str,
         body: bytes,
-        sealer: _Sealer | None,
+        sealer: Sealer | None,
         deadline: float | None,
         target: str,
     ) -> None:
@@ -1085,9 +1060,9 @@ class AmqpHub(Hub):
 
     # -- sending ----------------------------------------------------------------------------
 
-    def _sealer(self, keys: list[bytes]) -> _Sealer | None:
+    def _sealer(self, keys: list[bytes]) -> Sealer | None:
         """What seals the hub's bodies for sessions with these keys; None for none."""
-        return _Sealer(keys, _HUB_SENDER, self._seq) if keys else None
+        return Sealer(keys, _HUB_SENDER, self._seq) if keys else None
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
         with self._lock:
@@ -1236,10 +1211,10 @@ class AmqpChannel(Channel):
         self._early: list[tuple[str, bytes, bool]] = []  # the hub's, before the key to check them
         self._early_bytes = 0
 
-    def _sealer(self) -> _Sealer | None:
+    def _sealer(self) -> Sealer | None:
         """What seals this session's bodies once it has a key; None before, or without one."""
         key = self._session.key
-        return None if key is None else _Sealer([key], self.client_id.encode(), self._seq)
+        return None if key is None else Sealer([key], self.client_id.encode(), self._seq)
 
     def _open(self, deadline: float | None) -> Welcomed:
         """Consume our queue (once), say hello, and wait a while for the answer."""
@@ -1541,7 +1516,7 @@ class AmqpChannel(Channel):
             sealer = self._await_key(deadline)
         self._pub.publish("", self._uplink, enc, self.chunk, deadline, sealer)
 
-    def _await_key(self, deadline: float | None) -> _Sealer:
+    def _await_key(self, deadline: float | None) -> Sealer:
         """The sealer once the hub has welcomed the new session we asked in (it no longer had
         our old one), waiting until ``deadline`` (:data:`RECONNECT_TIMEOUT` without one)."""
         give_up = deadline if deadline is not None else deadline_after(RECONNECT_TIMEOUT)

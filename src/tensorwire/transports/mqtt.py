@@ -52,7 +52,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -86,7 +86,7 @@ from tensorwire.transports.security import (
     TLS,
     Keys,
     ReplayWindow,
-    seal,
+    Sealer,
     unseal,
 )
 from tensorwire.transports.session import (
@@ -249,26 +249,7 @@ def _one_chunk(enc: EncodedMessage) -> bytes:
     return b"".join(next(iter_chunks(enc.frames(), new_message_id(), max(enc.nbytes, 1))))
 
 
-class _Sealer:
-    """Seals the payloads one sender publishes for the receivers' session ``keys``: the MAC
-    trailer of docs/security.md, under the sender's next number from ``counter``."""
-
-    def __init__(self, keys: list[bytes], sender: bytes, counter: Iterator[int]) -> None:
-        self.keys = keys
-        self.sender = sender
-        self.counter = counter
-
-    @functools.cached_property
-    def size(self) -> int:
-        """Bytes the trailer adds to every payload."""
-        return len(seal((), 0, self.keys, self.sender))
-
-    def __call__(self, parts: Sequence[Any]) -> bytes:
-        """The trailer for the payload made of ``parts`` (buffers)."""
-        return seal(parts, next(self.counter), self.keys, self.sender)
-
-
-def _sealed_chunk(enc: EncodedMessage, sealer: _Sealer | None) -> bytes:
+def _sealed_chunk(enc: EncodedMessage, sealer: Sealer | None) -> bytes:
     """A small message as one chunk (:func:`_one_chunk`), sealed when there is a sealer."""
     chunk = _one_chunk(enc)
     return chunk if sealer is None else chunk + sealer([chunk])
@@ -637,7 +618,7 @@ class _Link:
         topic: str,
         enc: EncodedMessage,
         deadline: float | None,
-        sealer: _Sealer | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         """Publish a message as chunks, each sealed if there is a ``sealer`` (as it goes, so
         sequence numbers follow the publishes); return when the broker acknowledged them all."""
@@ -991,9 +972,9 @@ class MqttHub(Hub):
             self.settings.ctl(cid, client.sid), _sealed_chunk(client.session.welcome(), sealer)
         )
 
-    def _sealer(self, keys: list[bytes]) -> _Sealer | None:
+    def _sealer(self, keys: list[bytes]) -> Sealer | None:
         """What seals the hub's payloads for sessions with these keys; None for none."""
-        return _Sealer(keys, _HUB, self._seq) if keys else None
+        return Sealer(keys, _HUB, self._seq) if keys else None
 
     def _handle(self, cid: str, client: _Client, buf: np.ndarray, first_byte_at: float) -> None:
         """A whole message from a member's session, in the order its chunks came."""
@@ -1278,16 +1259,16 @@ class MqttChannel(Channel):
             f"mqtt: {self.client_id!r} dropped a message on {topic}: {what}",
         )
 
-    def _sealer(self) -> _Sealer | None:
+    def _sealer(self) -> Sealer | None:
         """What seals this session's payloads once it has a key; None before, or without."""
         key = self._session.key
-        return None if key is None else _Sealer([key], self.client_id.encode(), self._seq)
+        return None if key is None else Sealer([key], self.client_id.encode(), self._seq)
 
-    def _will_sealer(self) -> _Sealer | None:
+    def _will_sealer(self) -> Sealer | None:
         """What seals the will, and a bye before the welcome, with the will key."""
         if self._will_key is None:
             return None
-        return _Sealer([self._will_key], self.client_id.encode(), self._will_seq)
+        return Sealer([self._will_key], self.client_id.encode(), self._will_seq)
 
     # -- network thread ---------------------------------------------------------------
 

@@ -11,6 +11,7 @@ so another broker user can neither inject nor replay one. ``docs/security.md`` s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -20,7 +21,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,6 +302,30 @@ def seal(payload: Iterable[Any], seq: int, keys: list[bytes], sender: bytes) -> 
         _ENTRY.pack(recipient_tag(k), _mac(k, _MAC, head, h)[:MAC_BYTES]) for k in keys
     )
     return entries + _TRAILER.pack(seq, len(keys), _MAGIC)
+
+
+class Sealer:
+    """Seals what one sender publishes for the receivers' session ``keys``: the trailer of
+    :func:`seal`, under the sender's next number from ``counter``."""
+
+    def __init__(self, keys: list[bytes], sender: bytes, counter: Iterator[int]) -> None:
+        self.keys = keys
+        self.sender = sender
+        self.counter = counter
+
+    @functools.cached_property
+    def size(self) -> int:
+        """Bytes the trailer adds to every payload."""
+        return len(seal((), 0, self.keys, self.sender))
+
+    def __call__(self, parts: Sequence[Any]) -> bytes:
+        """The trailer for the payload made of ``parts`` (buffers)."""
+        return seal(parts, next(self.counter), self.keys, self.sender)
+
+    def reseal(self, body: bytes) -> bytes:
+        """``body`` (sealed by this sealer) sealed again under a new number."""
+        chunk = memoryview(body)[: len(body) - self.size]
+        return b"".join([chunk, self([chunk])])
 
 
 class ReplayWindow:
