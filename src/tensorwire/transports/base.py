@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,10 +27,22 @@ from tensorwire.errors import (
     MessageTooLarge,
     PeerGone,
     SessionRefused,
+    TransportError,
     TransportTimeout,
 )
 from tensorwire.transports.security import TLS, KeyAuthenticator, Keys, load_secret
 from tensorwire.transports.session import Authenticate, ClientSession
+from tensorwire.transports.streams import (
+    ACK_KEY,
+    DEFAULT_WINDOW,
+    AckBook,
+    StreamBatch,
+    StreamResult,
+    ack_fields,
+    receive_stream,
+    send_stream,
+    stream_fields,
+)
 from tensorwire.transports.url import redacted
 from tensorwire.wire import (
     CodecSelector,
@@ -46,6 +58,7 @@ log = logging.getLogger("tensorwire.transports")
 MAX_RECORDS = 100_000  # transfer records kept per endpoint (older ones are only counted)
 MAX_ERRORS = 1_000  # rejected messages kept per hub (all are counted, by type)
 MAX_EVENTS = 10_000  # membership events kept per hub
+MAX_HELD = 10_000  # a channel's messages kept while a stream waits for acknowledgements
 
 
 @dataclass
@@ -281,6 +294,9 @@ class _Endpoint:
         self.records = RecordLog()
         self.errors = ErrorLog()
         self.decoders = available_codecs()
+        self._acks = AckBook()
+        # a channel's messages that came while a stream waited for acknowledgements
+        self._stream_held: deque[Message] = deque()
 
     def set_codec(self, codec: Any) -> None:
         """Use ``codec`` (anything ``codec=`` takes) for the messages sent from now on."""
@@ -496,6 +512,10 @@ class Hub(_Endpoint):
 
     def _delivered(self, client_id: str, msg: Message) -> None:
         self._note_recv(client_id, msg)
+        ack = ack_fields(msg.meta)
+        if ack is not None:  # a stream's receiver consumed some: for send_many, not recv
+            self._acks.note(client_id, *ack)
+            return
         with self._cond:
             self._inbox.append((client_id, msg))
             self._cond.notify_all()
@@ -706,6 +726,70 @@ class Hub(_Endpoint):
             waiting.discard(client)
             yield client, msg
 
+    def send_many(
+        self,
+        client_id: str,
+        batches: Iterable[Any],
+        *,
+        window: int = DEFAULT_WINDOW,
+        timeout: float | None = None,
+    ) -> StreamResult:
+        """Send ``batches`` (mappings of tensors, or ``(tensors, meta)`` pairs) to one client
+        as a stream: at most ``window`` unconsumed at once, so a client that stops consuming
+        stops this sender (``TransportTimeout`` after ``timeout`` seconds without progress).
+        Returns when the client's :meth:`Channel.stream` has consumed the last batch."""
+
+        def wait_acked(sid: str, n: int, deadline: float | None) -> bool:
+            while not self._acks.wait(client_id, sid, n, _soon(deadline)):
+                with self._cond:
+                    if client_id not in self._members:
+                        raise PeerGone(self._not_connected(client_id))
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+            return True
+
+        return send_stream(
+            lambda t, m: self.send(client_id, t, m, timeout=timeout),
+            wait_acked,
+            batches,
+            window=window,
+            timeout=timeout,
+            peer=f"client {client_id!r}",
+        )
+
+    def stream(
+        self, client_id: str | None = None, *, timeout: float | None = None
+    ) -> Iterator[StreamBatch]:
+        """Iterate over the next stream a client (or ``client_id``) sends with
+        :meth:`Channel.send_many`, batch by batch, until its end; ``timeout`` bounds the wait
+        for each batch. Other messages stay queued for ``recv``."""
+        who: list[str] = [] if client_id is None else [client_id]
+
+        def next_message(deadline: float | None, sid: str | None) -> Message:
+            with self._cond:
+                while True:
+                    for i, (c, msg) in enumerate(self._inbox):
+                        if who and c != who[0]:
+                            continue
+                        fields = stream_fields(msg.meta)
+                        if fields is not None and (sid is None or fields[0] == sid):
+                            del self._inbox[i]
+                            if not who:
+                                who.append(c)
+                            return msg
+                    if who and who[0] not in self._members:
+                        raise PeerGone(f"client {who[0]!r} left in the middle of a stream")
+                    left = remaining(deadline)
+                    if left == 0.0 or self._closed:
+                        raise TransportTimeout(f"no stream batch within {timeout} s")
+                    self._cond.wait(left)
+
+        yield from receive_stream(
+            next_message,
+            lambda sid, n: self.send(who[0], None, {ACK_KEY: [sid, n]}, timeout=timeout),
+            timeout=timeout,
+        )
+
     def close(self) -> None:
         """Say goodbye to every client, stop the transport's threads, free the port."""
         if self._closed:
@@ -788,9 +872,90 @@ class Channel(_Endpoint):
         ``out`` (nested like the message, or keyed by name-path tuples) holds arrays to decode
         into where dtype, shape and order match; others get new arrays.
         """
-        msg = self._recv_message(deadline_after(timeout), _out_by_path(out))
+        if self._stream_held:
+            return self._stream_held.popleft()
+        deadline = deadline_after(timeout)
+        while True:
+            msg = self._next_from_hub(deadline, _out_by_path(out))
+            if msg is not None:
+                return msg
+
+    def _next_from_hub(self, deadline: float | None, out: Any = None) -> Message | None:
+        """The next message from the hub, or None when it was a stream acknowledgement
+        (noted for :meth:`send_many`)."""
+        msg = self._recv_message(deadline, out)
         self._note_recv("hub", msg)
-        return msg
+        ack = ack_fields(msg.meta)
+        if ack is None:
+            return msg
+        self._acks.note("hub", *ack)
+        return None
+
+    def _hold_for_recv(self, msg: Message) -> None:
+        """Keep a message that came while a stream waited, for the next ``recv``."""
+        if len(self._stream_held) >= MAX_HELD:
+            raise TransportError(
+                f"the hub sent {MAX_HELD} messages nobody received while a stream waited: "
+                "call recv(), or stream with a larger window"
+            )
+        self._stream_held.append(msg)
+
+    def send_many(
+        self,
+        batches: Iterable[Any],
+        *,
+        window: int = DEFAULT_WINDOW,
+        timeout: float | None = None,
+    ) -> StreamResult:
+        """Send ``batches`` (mappings of tensors, or ``(tensors, meta)`` pairs) to the hub as
+        a stream: at most ``window`` unconsumed at once, so a hub that stops consuming stops
+        this sender (``TransportTimeout`` after ``timeout`` seconds without progress).
+        Returns when the hub's :meth:`Hub.stream` has consumed the last batch."""
+
+        def wait_acked(sid: str, n: int, deadline: float | None) -> bool:
+            while self._acks.acked("hub", sid) < n:
+                try:
+                    msg = self._next_from_hub(deadline)
+                except TransportTimeout:
+                    return False
+                if msg is not None:
+                    self._hold_for_recv(msg)
+            return True
+
+        return send_stream(
+            lambda t, m: self.send(t, m, timeout=timeout),
+            wait_acked,
+            batches,
+            window=window,
+            timeout=timeout,
+            peer="the hub",
+        )
+
+    def stream(self, *, timeout: float | None = None) -> Iterator[StreamBatch]:
+        """Iterate over the next stream the hub sends with :meth:`Hub.send_many`, batch by
+        batch, until its end; ``timeout`` bounds the wait for each batch. Other messages stay
+        queued for ``recv``."""
+
+        def next_message(deadline: float | None, sid: str | None) -> Message:
+            for i, msg in enumerate(self._stream_held):
+                fields = stream_fields(msg.meta)
+                if fields is not None and (sid is None or fields[0] == sid):
+                    del self._stream_held[i]
+                    return msg
+            while True:
+                msg = self._next_from_hub(deadline)
+                if msg is None:
+                    continue
+                fields = stream_fields(msg.meta)
+                if fields is not None and (sid is None or fields[0] == sid):
+                    return msg
+                self._hold_for_recv(msg)
+
+        yield from receive_stream(
+            next_message,
+            lambda sid, n: self.send(None, {ACK_KEY: [sid, n]}, timeout=timeout),
+            timeout=timeout,
+        )
 
     def close(self) -> None:
         raise NotImplementedError
@@ -808,6 +973,12 @@ def _keys(auth: Mapping[str, Any] | str | os.PathLike[str]) -> Keys:
 
 _LOG_EVERY_S = 10.0  # a repeated warning (one peer's junk, say) is logged at most this often
 _last_logged: dict[str, tuple[float, int]] = {}
+
+
+def _soon(deadline: float | None, step: float = 0.05) -> float:
+    """``deadline``, or ``step`` seconds from now if that comes first (to look around)."""
+    soon = time.monotonic() + step
+    return soon if deadline is None else min(deadline, soon)
 
 
 def _log_limited(key: str, text: str) -> None:

@@ -1,0 +1,309 @@
+"""``tensorwire bench stream``: many record batches one way, tensorwire streams against Arrow
+Flight ``DoGet``, in the same run.
+
+The workload is the Arrow Flight benchmark's: batches of ``records`` rows of ``columns`` int64
+columns (4,096 x 4 = 128 KiB a batch), ``batches`` per stream, ``streams`` at once. The sending
+side (a tensorwire hub's :meth:`~tensorwire.Hub.send_many`, or a Flight server's ``do_get``)
+runs in this process on one CPU; the receiving side (:meth:`~tensorwire.Channel.stream`, or
+``FlightClient.do_get``) in a peer process on the other, which times each batch: the wait from
+asking for the next batch to having it (as the Flight benchmark does), and the wall time from
+the request to the last batch. Trials alternate between the contenders; figures are medians
+over trials.
+
+The peer is this module run as ``python -m tensorwire.bench.stream peer``; it reads one
+command per line on stdin (``tw URL ID N S`` / ``flight PORT N S``) and answers one JSON line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import tensorwire
+from tensorwire.bench.transfer import _CPUS, pinned_sender
+from tensorwire.transports.local import local_hub_url
+from tensorwire.transports.registry import get_transport
+
+FLIGHT = "pyarrow-flight-doget"
+
+
+def make_columns(records: int, columns: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"c{i}": rng.integers(0, 1 << 62, records, dtype=np.int64) for i in range(columns)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+# --- the receiving peer -------------------------------------------------------------------
+
+
+def _receive_tw(url: str, cid: str, streams: int) -> dict[str, Any]:
+    """Receive one stream on each of ``streams`` channels (ids ``cid-0`` ...)."""
+    key = (url, cid, streams)
+    if key not in _peer_channels:
+        _peer_channels[key] = [
+            tensorwire.connect(url, client_id=f"{cid}-{k}", codec=None, timeout=120)
+            for k in range(streams)
+        ]
+    chans = _peer_channels[key]
+    waits: list[float] = []
+    nbytes = [0]
+    lock = threading.Lock()
+
+    def one(ch: tensorwire.Channel) -> None:
+        mine: list[float] = []
+        got = 0
+        it = ch.stream(timeout=120)
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            mine.append(time.perf_counter() - t)
+            got += sum(a.nbytes for a in batch.message.tensors.values())
+        with lock:
+            waits.extend(mine)
+            nbytes[0] += got
+
+    started = time.perf_counter()
+    _run_all([lambda ch=ch: one(ch) for ch in chans])
+    return {"seconds": time.perf_counter() - started, "bytes": nbytes[0], "waits": waits}
+
+
+_peer_channels: dict[Any, list[tensorwire.Channel]] = {}
+
+
+def _receive_flight(port: int, streams: int) -> dict[str, Any]:
+    import pyarrow.flight as flight
+
+    client = flight.FlightClient(("127.0.0.1", port))
+    waits: list[float] = []
+    nbytes = [0]
+    lock = threading.Lock()
+
+    def one() -> None:
+        mine: list[float] = []
+        got = 0
+        reader = client.do_get(flight.Ticket(b"batches"))
+        while True:
+            t = time.perf_counter()
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            mine.append(time.perf_counter() - t)
+            got += chunk.data.nbytes
+        with lock:
+            waits.extend(mine)
+            nbytes[0] += got
+
+    started = time.perf_counter()
+    _run_all([one] * streams)
+    client.close()
+    return {"seconds": time.perf_counter() - started, "bytes": nbytes[0], "waits": waits}
+
+
+def _run_all(jobs: list[Any]) -> None:
+    errors: list[BaseException] = []
+
+    def wrap(job: Any) -> None:
+        try:
+            job()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def peer_main() -> None:
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "tw":
+            out = _receive_tw(parts[1], parts[2], int(parts[3]))
+        elif parts[0] == "flight":
+            out = _receive_flight(int(parts[1]), int(parts[2]))
+        else:
+            break
+        print(json.dumps(out), flush=True)
+
+
+# --- the sending side -----------------------------------------------------------------------
+
+
+class _FlightSource:
+    """A Flight server whose ``do_get`` sends ``batches`` copies of one record batch."""
+
+    def __init__(self, columns: dict[str, np.ndarray]) -> None:
+        import pyarrow as pa
+        import pyarrow.flight as flight
+
+        batch = pa.RecordBatch.from_pydict(columns)
+        source = self
+
+        class Server(flight.FlightServerBase):
+            def do_get(self, context: Any, ticket: Any) -> Any:
+                return flight.GeneratorStream(batch.schema, (batch for _ in range(source.batches)))
+
+        self.batches = 0
+        self.server = Server("grpc://127.0.0.1:0")
+        self.port = self.server.port
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def bench_stream(
+    transports: list[str],
+    *,
+    records: int = 4096,
+    columns: int = 4,
+    batches: int = 1000,
+    streams: int = 1,
+    window: int = 16,
+    repeat: int = 5,
+    flight_baseline: bool = True,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """Run the trials; return one row per contender with MB/s, batches/s and per-batch wait
+    percentiles (medians over ``repeat`` interleaved trials)."""
+    data = make_columns(records, columns)
+    batch_bytes = sum(a.nbytes for a in data.values())
+    pin = ["--cpu", str(_CPUS[-1])] if len(_CPUS) > 1 else []
+    peer = subprocess.Popen(
+        [sys.executable, "-m", "tensorwire.bench.stream", "peer", *pin],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    trials: dict[str, list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack, pinned_sender():
+        stack.callback(_stop_peer, peer)
+        runs: list[tuple[str, Any]] = []
+        if flight_baseline:
+            source = _FlightSource(data)
+            stack.callback(source.close)
+
+            def run_flight(source: _FlightSource = source) -> dict[str, Any]:
+                source.batches = batches
+                return _ask(peer, f"flight {source.port} {streams}")
+
+            runs.append((FLIGHT, run_flight))
+        for name in transports:
+            entry = get_transport(name)
+            url = stack.enter_context(local_hub_url(name))
+            hub = stack.enter_context(tensorwire.serve(url, codec=None))
+            runs.append((entry.label, _tw_run(peer, hub, data, batches, streams, window)))
+        for _ in range(repeat):
+            for label, run in runs:
+                trials.setdefault(label, []).append(run())
+                if progress is not None:
+                    progress()
+    rows = []
+    for label, results in trials.items():
+        mbs = [res["bytes"] / res["seconds"] / 1e6 for res in results]
+        bps = [batches * streams / res["seconds"] for res in results]
+        row: dict[str, Any] = {
+            "contender": label,
+            "batch_bytes": batch_bytes,
+            "batches": batches,
+            "streams": streams,
+            "mb_per_s": statistics.median(mbs),
+            "batches_per_s": statistics.median(bps),
+        }
+        for q in (50, 95, 99):
+            row[f"p{q}_us"] = statistics.median(
+                percentile(res["waits"], q) * 1e6 for res in results
+            )
+        row["max_us"] = statistics.median(max(res["waits"]) * 1e6 for res in results)
+        ok = all(res["bytes"] == batch_bytes * batches * streams for res in results)
+        row["complete"] = ok
+        rows.append(row)
+    base = next((r for r in rows if r["contender"] == FLIGHT), None)
+    for row in rows:
+        row["vs_flight"] = row["mb_per_s"] / base["mb_per_s"] if base else None
+    return rows
+
+
+def _tw_run(
+    peer: subprocess.Popen[str],
+    hub: tensorwire.Hub,
+    data: dict[str, np.ndarray],
+    batches: int,
+    streams: int,
+    window: int,
+) -> Any:
+    cid = f"stream-{id(hub) % 10_000}"
+    state: dict[str, Any] = {}
+
+    def run() -> dict[str, Any]:
+        assert peer.stdin is not None and peer.stdout is not None
+        peer.stdin.write(f"tw {hub.url} {cid} {streams}\n")
+        peer.stdin.flush()
+        if not state:
+            hub.wait_for(streams, timeout=120)
+            state["ids"] = [f"{cid}-{k}" for k in range(streams)]
+
+        def source() -> Iterator[dict[str, np.ndarray]]:
+            for _ in range(batches):
+                yield data
+
+        _run_all(
+            [
+                lambda c=c: hub.send_many(c, source(), window=window, timeout=120)
+                for c in state["ids"]
+            ]
+        )
+        return json.loads(peer.stdout.readline())
+
+    return run
+
+
+def _ask(peer: subprocess.Popen[str], command: str) -> dict[str, Any]:
+    assert peer.stdin is not None and peer.stdout is not None
+    peer.stdin.write(command + "\n")
+    peer.stdin.flush()
+    line = peer.stdout.readline()
+    if not line:
+        raise RuntimeError("the stream peer died")
+    return json.loads(line)
+
+
+def _stop_peer(peer: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(OSError):
+        assert peer.stdin is not None
+        peer.stdin.write("quit\n")
+        peer.stdin.close()
+    try:
+        peer.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        peer.kill()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["peer"]:
+        if args[1:2] == ["--cpu"]:
+            import os
+
+            os.sched_setaffinity(0, {int(args[2])})
+        peer_main()
