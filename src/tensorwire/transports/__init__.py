@@ -33,14 +33,23 @@ def _load(url: str, role: str) -> Any:
     return entry.load("hub" if role == "hub" else "channel")
 
 
+FANOUTS = ("concurrent", "sequential")
+
+
 def serve(url: str, **options: Any) -> Hub:
     """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``); options go to the transport.
 
     ``tls=tensorwire.TLS(...)`` and ``auth=tensorwire.Keys.load(...)`` (or the URL options
     ``?cert=&certkey=&ca=&keys=``) admit only enrolled clients and encrypt the traffic.
+    ``fanout="sequential"`` makes :meth:`Hub.broadcast` reach one client after another.
     """
     url, security = split_security_options(url, "hub")
-    return _load(url, "hub")(url, **security, **options)
+    fanout = options.pop("fanout", "concurrent")
+    if fanout not in FANOUTS:
+        raise ValueError(f"fanout must be one of {FANOUTS}, not {fanout!r}")
+    hub = _load(url, "hub")(url, **security, **options)
+    hub.fanout = fanout
+    return hub
 
 
 def connect(url: str, **options: Any) -> Channel:

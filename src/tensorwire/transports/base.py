@@ -398,6 +398,12 @@ class Hub(_Endpoint):
     """Whether a TLS client certificate reaches this hub (False on a broker: it reaches the
     broker only, so mutual TLS cannot identify a device to the hub there)."""
 
+    fanout = "concurrent"
+    """How :meth:`broadcast` reaches its clients: ``concurrent`` (every connection at once, or
+    the transport's own fan-out: one publish on a broker, one segment on shm) or
+    ``sequential`` (one unicast after another: the baseline of a server that loops over its
+    devices). ``serve(url, fanout=...)`` sets it."""
+
     def __init__(
         self,
         *,
@@ -628,9 +634,10 @@ class Hub(_Endpoint):
             except MessageTooLarge as exc:
                 out.failed.update(dict.fromkeys(members, exc))
         results: list[dict[str, float | Exception]] = [{} for _ in sends]
+        send_many = self._send_sequentially if self.fanout == "sequential" else self._send_many
 
         def send_group(i: int) -> None:
-            results[i] = self._send_many(sends[i][0], sends[i][1], deadline)
+            results[i] = send_many(sends[i][0], sends[i][1], deadline)
 
         # groups go at once: a hung client in one must not hold up the next past the deadline
         extra = [threading.Thread(target=send_group, args=(i,)) for i in range(1, len(sends))]
@@ -651,6 +658,22 @@ class Hub(_Endpoint):
             if isinstance(exc, TransportTimeout):
                 self._event("slow", c, f"missed the broadcast deadline: {exc}")
         return out
+
+    def _send_sequentially(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """``fanout="sequential"``: one client after another, each to its own connection, as
+        a server that loops over its devices does (FedComm's TCP server did). A client's time
+        runs from the start of the broadcast, waits for those before it included."""
+        t0 = time.perf_counter()
+        results: dict[str, float | Exception] = {}
+        for c in clients:
+            try:
+                self._send_encoded(c, enc, deadline)
+                results[c] = time.perf_counter() - t0
+            except Exception as exc:
+                results[c] = exc
+        return results
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
