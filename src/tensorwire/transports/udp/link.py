@@ -11,9 +11,12 @@ paced by the link's token bucket; then a ``sent`` control message says the sende
   are the caller's deadline and a bound on an unanswered peer.
 - ``best-effort``: no tensor byte is resent. ``sent`` also carries the chunks that hold the
   message's prefix and header (over TCP), so a message is never lost whole. The receiver
-  decodes what arrived one grace period (two control-link RTTs) after ``sent``, or after an
-  idle timeout if ``sent`` never comes (a long one while the header is still missing), if
-  its header and at least half of its bytes came (else it is lost).
+  decodes what arrived one grace period (two control-link RTTs) after the datagrams end:
+  after ``sent``, or after the message's last datagram if that brings it what it can
+  deliver first (a loss on the control link holds ``sent`` back for TCP's retransmission
+  timeout, 200 ms or more), or after an idle timeout if neither comes (a long one while the
+  header is still missing), if its header and at least half of its bytes came (else it is
+  lost).
 
 With a ``seal`` (``secure.py``: the control link is under TLS) every datagram is sealed with
 an AEAD on its way out and opened on its way in; one that does not verify, or came before, is
@@ -102,6 +105,7 @@ PARTIAL_EXPANSION = 64  # a partial message's lost compressed tensors may decode
 CONTROL_HEADER_BYTES = 64 << 10  # a control message's header (a few fields) is far smaller
 REFUSED_REPORT_S = 1.0  # datagrams that do not verify are reported at most this often (seconds)
 _MESSAGE_ID = struct.Struct("<Q")  # at offset 8 of a chunk header
+_PLACE = struct.Struct("<IIQQ")  # index, count, offset, total_length: at offset 16
 
 
 def control_limits(limits: Limits) -> Limits:
@@ -145,9 +149,14 @@ class Received:
 
 
 class _Incoming:
-    """A message being reassembled, and what this round of it looked like."""
+    """A message being reassembled, and what this round of it looked like.
+
+    Best-effort: ``finalize_at`` is when it is finished (one grace period after ``sent`` or
+    after its last datagram); ``announced`` whether its ``sent`` came; ``tail`` its last
+    chunk's ``(index, offset, total_length)`` once it came."""
 
     __slots__ = (
+        "announced",
         "finalize_at",
         "first_at",
         "last_at",
@@ -156,6 +165,7 @@ class _Incoming:
         "round_bytes",
         "round_first",
         "round_n",
+        "tail",
     )
 
     def __init__(self, reassembler: ChunkReassembler, now: float) -> None:
@@ -163,6 +173,8 @@ class _Incoming:
         self.first_at = now
         self.last_at = now
         self.finalize_at: float | None = None
+        self.announced = False
+        self.tail: tuple[int, int, int] | None = None
         # The last NACK, while no datagram came since: a repeated 'sent' costs no new one.
         self.nack: EncodedMessage | None = None
         self.round_bytes = 0
@@ -270,7 +282,7 @@ def _check_partial(got: Received, limits: Limits) -> None:
     """Raise ``MessageTooLarge`` when a partial message's lost compressed tensors would
     decode to more than ``PARTIAL_EXPANSION`` x its arrived bytes: each gets a whole new
     array (zeros where there is no previous one), which its lost bytes cannot bound."""
-    mv = memoryview(got.data)
+    mv = got.data.data
     prefix = parse_prefix(mv, limits)
     end = PREFIX_SIZE + prefix.header_length
     verify_header(mv[PREFIX_SIZE:end], prefix)
@@ -380,7 +392,8 @@ class Link:
         return control_rtt(self.control, self._rtt_fallback)
 
     def grace(self) -> float:
-        """Seconds a best-effort receiver waits after ``sent`` for datagrams still on the way."""
+        """Seconds a best-effort receiver waits after ``sent`` (or a message's last datagram)
+        for datagrams still on the way: two control-link round trips and 1 ms."""
         return 2 * self.rtt + 0.001
 
     def idle_timeout(self) -> float:
@@ -457,7 +470,9 @@ class Link:
                     TruncatedMessage(f"every datagram of a message from {self.label} was lost")
                 )
             else:
-                inc.finalize_at = now + self.grace()
+                inc.announced = True
+                due = now + self.grace()
+                inc.finalize_at = due if inc.finalize_at is None else min(inc.finalize_at, due)
             return
         if inc is None:  # not one datagram arrived: ask for all of them
             self.send_control("nack", {"id": mid}, {"ranges": np.array([[0, count]], np.int64)})
@@ -486,7 +501,7 @@ class Link:
             or int(sizes.sum()) != chunks.size
         ):
             raise MalformedHeader(f"{self.label}: a 'sent' with malformed header chunks")
-        view = memoryview(chunks)
+        view = chunks.data
         start = 0
         for size in sizes.tolist():
             chunk = view[start : start + size]
@@ -558,6 +573,13 @@ class Link:
                 self._give_up(oldest, self._incoming.pop(oldest), now, "evicted by newer ones")
             self._incoming[mid] = inc
         inc.note(len(d), now)
+        if not self.reliable and inc.tail is None:
+            index, count, offset, total = _PLACE.unpack_from(d, 16)
+            if index == count - 1:
+                # The sender sends each chunk once, in order: its datagrams have ended.
+                inc.tail = (index, offset, total)
+                if inc.finalize_at is None:
+                    inc.finalize_at = now + self.grace()
 
     def tick(self, now: float) -> float | None:
         """Finish best-effort messages whose grace ran out, give up idle ones; return the
@@ -565,8 +587,10 @@ class Link:
         soonest: float | None = None
         for mid, inc in list(self._incoming.items()):
             if inc.finalize_at is not None and now >= inc.finalize_at:
-                self._give_up(mid, self._incoming.pop(mid), now, "")
-                continue
+                if inc.announced or self._deliverable(mid, inc):
+                    self._give_up(mid, self._incoming.pop(mid), now, "")
+                    continue
+                inc.finalize_at = None  # it would be lost: its 'sent' (or its header) decides
             idle_until = inc.last_at + self._idle_limit(mid, inc)
             if now >= idle_until:
                 self._give_up(mid, self._incoming.pop(mid), now, "no datagram came for a while")
@@ -574,6 +598,20 @@ class Link:
             due = idle_until if inc.finalize_at is None else min(idle_until, inc.finalize_at)
             soonest = due if soonest is None else min(soonest, due)
         return None if soonest is None else soonest - now
+
+    def _deliverable(self, mid: int, inc: _Incoming) -> bool:
+        """Whether a best-effort message whose last datagram came would be delivered if it
+        were finished now: its header and at least half of its bytes are in. (One that would
+        be lost waits for its ``sent``, so that the loss is reported, or for its header.)"""
+        if inc.tail is None or not header_arrived(inc.reassembler.leading_bytes(mid)):
+            return False
+        index, offset, total = inc.tail
+        ranges = inc.reassembler.missing_ranges(mid, limit=MAX_NACK_RANGES)
+        if len(ranges) >= MAX_NACK_RANGES:
+            return False  # too many gaps to count here: let 'sent' or the idle timeout decide
+        # every chunk but the last (which came) carries offset / index bytes
+        missing = offset // max(index, 1) * sum(stop - start for start, stop in ranges)
+        return total - missing >= PARTIAL_MIN_ARRIVED * total
 
     def _idle_limit(self, mid: int, inc: _Incoming) -> float:
         """Seconds ``inc`` may go without a datagram. A best-effort message whose header has
@@ -609,7 +647,7 @@ class Link:
             lost = TruncatedMessage(
                 f"a message from {self.label} lost {what}" + (f" ({why})" if why else "")
             )
-            if inc.finalize_at is None:  # never announced: maybe not the peer's at all
+            if not inc.announced:  # never announced: maybe not the peer's at all
                 self._reject(lost)
             else:
                 self.stats.add(lost_messages=1)

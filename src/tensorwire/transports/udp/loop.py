@@ -65,7 +65,11 @@ class IoLoop:
 
     def add(self, sock: socket.socket, on_read: Handler) -> None:
         """Call ``on_read`` whenever ``sock`` is readable (until :meth:`remove`)."""
-        self._here(lambda: self._selector.register(sock, selectors.EVENT_READ, [on_read, None]))
+
+        def register() -> None:
+            self._selector.register(sock, selectors.EVENT_READ, [on_read, None])
+
+        self._here(register)
 
     def set_reader(self, sock: socket.socket, on_read: Handler) -> None:
         """Call ``on_read`` from now on when ``sock`` (already added) is readable, keeping

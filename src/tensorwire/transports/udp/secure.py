@@ -25,7 +25,7 @@ import hmac
 import ssl
 import struct
 import threading
-from typing import Any
+from typing import Any, cast
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -169,7 +169,7 @@ class TlsPipe:
         ``PeerGone`` when the peer closed TLS; a TLS failure raises as ``tls_error`` says."""
         try:
             with self._lock:
-                return self._obj.read(len(buf), buf)
+                return cast(int, self._obj.read(len(buf), buf))  # into a buffer: the count
         except ssl.SSLWantReadError:
             return 0
         except ssl.SSLZeroReturnError:

@@ -27,8 +27,11 @@ SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)  # Linux values; Python l
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 MAX_DATAGRAM = 65535
 PAIR_ATTEMPTS = 32  # free UDP ports tried before giving up finding one whose TCP twin is free
-_TCP_INFO_RTT = struct.Struct("<II")  # tcpi_rtt, tcpi_rttvar (microseconds) at offset 68
+_TCP_INFO_RTT = struct.Struct("<I")  # tcpi_rtt (smoothed, microseconds) at offset 68
 _TCP_INFO_RTT_OFFSET = 68
+_TCP_INFO_MIN_RTT_OFFSET = 148  # tcpi_min_rtt (microseconds), Linux 4.6 and later
+_TCP_INFO_BYTES = _TCP_INFO_MIN_RTT_OFFSET + 4
+_NO_RTT = 0xFFFFFFFF  # tcpi_min_rtt before the connection's first RTT sample
 
 CONTROL_READ_BYTES = 64 << 10  # bytes a control connection is read in at a time
 MAX_CONTROL_BACKLOG = 16 << 20  # bytes of control messages a peer may leave unread
@@ -92,10 +95,20 @@ def peer_key(address: Any) -> tuple[str, int]:
 
 
 def control_rtt(sock: socket.socket, fallback: float) -> float:
-    """The kernel's smoothed RTT of a TCP connection, seconds (``fallback`` where unknown)."""
+    """The round-trip time of a TCP connection's path, seconds: the kernel's minimum RTT
+    (where it keeps one), else its smoothed RTT, else ``fallback``.
+
+    The minimum, because on a lossy link the smoothed RTT measures TCP's recovery, not the
+    path: an ACK that is lost is answered by the next one, which may come with the peer's
+    next message, a second later (measured at 20 % loss on a veth with a 0.05 ms round trip:
+    up to 1.6 s)."""
     try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-        rtt_us, _ = _TCP_INFO_RTT.unpack_from(info, _TCP_INFO_RTT_OFFSET)
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+        (rtt_us,) = _TCP_INFO_RTT.unpack_from(info, _TCP_INFO_RTT_OFFSET)
+        if len(info) >= _TCP_INFO_BYTES:
+            (min_us,) = _TCP_INFO_RTT.unpack_from(info, _TCP_INFO_MIN_RTT_OFFSET)
+            if 0 < min_us < _NO_RTT:
+                rtt_us = min(min_us, rtt_us or min_us)
     except (OSError, AttributeError, struct.error):
         return fallback
     return rtt_us / 1e6 if rtt_us else fallback
