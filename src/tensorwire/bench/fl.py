@@ -1,7 +1,9 @@
 """``tensorwire bench fl``: the FedComm benchmark, FedAvg runs on the emulated testbed.
 
 For each :class:`~tensorwire.bench.fl_matrix.Experiment` the links get the experiment's
-profile and loss; a broker (mqtt, amqp) starts inside the server namespace; the FL server runs
+profile and loss (and each device its own link, with ``links``), on a testbed of the
+experiment's topology (a new one when the topology changes); a broker (mqtt, amqp) starts
+inside the server namespace, or in the switch's on ``shared-broker-near``; the FL server runs
 as its own process there (``tensorwire fl server``) and each device as its own process in its
 namespace (``tensorwire fl client``, one torch thread); a stressor loads the devices or their
 links for the run, bounded in time. The server appends an event per round to
@@ -33,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from tensorwire.bench.fl_matrix import Experiment, Matrix
+from tensorwire.bench.fl_matrix import SEQUENTIAL, Experiment, Matrix, fanout_of, transport_of
 from tensorwire.errors import MissingDependency, TensorwireError
 from tensorwire.testbed import (
     Counters,
@@ -86,7 +88,7 @@ class RunSummary:
 
 def protocol_problem(protocol: str) -> str | None:
     """Why ``protocol`` cannot run on this machine (a missing extra or broker), or None."""
-    entry = bench_protocols().get(protocol)
+    entry = bench_protocols().get(SEQUENTIAL.get(protocol, protocol))
     if entry is None:
         return f"{protocol} is not a registered transport"
     if entry.same_host_only:
@@ -111,6 +113,8 @@ def skip_reasons(matrix: Matrix, testbed: BaseTestbed) -> dict[str, str]:
         why = protocols[exp.protocol]
         if why is None and exp.loss and not testbed.shaped:
             why = "packet loss needs the namespace testbed (this is an unshaped loopback run)"
+        if why is None and (exp.topology != "star" or exp.links) and not testbed.shaped:
+            why = "topologies and per-device links need the namespace testbed (loopback here)"
         if why is None and exp.stress in tools and not caps.has(tools[exp.stress]):
             why = caps[tools[exp.stress]].reason
         if why is not None:
@@ -118,9 +122,10 @@ def skip_reasons(matrix: Matrix, testbed: BaseTestbed) -> dict[str, str]:
     return reasons
 
 
-def choose_testbed(devices: int, say: Callable[[str], None]) -> BaseTestbed:
-    """A namespace :class:`Testbed` with ``devices`` devices (to open); where namespaces
-    cannot be made, say why and return a :class:`LoopbackTestbed` ("unshaped loopback")."""
+def choose_testbed(devices: int, say: Callable[[str], None], topology: str = "star") -> BaseTestbed:
+    """A namespace :class:`Testbed` with ``devices`` devices in ``topology`` (to open); where
+    namespaces cannot be made, say why and return a :class:`LoopbackTestbed` ("unshaped
+    loopback")."""
     caps = probe_capabilities()
     if caps.mode is None:
         why = "; ".join(caps[n].reason for n in ("root", "userns", "netns") if n in caps.items)
@@ -129,7 +134,7 @@ def choose_testbed(devices: int, say: Callable[[str], None]) -> BaseTestbed:
             "and every result is labelled 'unshaped loopback'[/]"
         )
         return LoopbackTestbed(devices=devices)
-    return Testbed(devices=devices)
+    return Testbed(devices=devices, topology=topology)
 
 
 # --- one experiment ------------------------------------------------------------------------
@@ -151,11 +156,18 @@ def _free_port() -> int:
 
 @dataclasses.dataclass
 class Endpoints:
-    """Where the server listens and where devices connect, and the broker if there is one."""
+    """Where the server listens and where devices connect (``device_urls``: each device's
+    own where they differ, as a paced transport's pace does on mixed links), and the broker if
+    there is one."""
 
     server_url: str
     device_url: str
     broker: dict[str, Any] | None = None
+    device_urls: list[str] | None = None
+
+    def url_of(self, device: int) -> str:
+        """The URL device ``device`` (1-based) connects to."""
+        return self.device_urls[device - 1] if self.device_urls else self.device_url
 
 
 def hub_tls(certs: Path) -> TLS:
@@ -183,32 +195,73 @@ def endpoints(
 ) -> Iterator[Endpoints]:
     """The URLs of ``exp``'s server and devices; for a transport with a broker (mqtt, amqp) a
     private one runs inside the server node for the duration, bound to the server's address
-    (with a TLS listener when ``certs`` secure the experiment). The URLs carry the query the
-    transport's registry entry gives the protocol, and a pace for a transport that takes
-    one."""
-    entry = bench_protocols()[exp.protocol]
+    (with a TLS listener when ``certs`` secure the experiment), or inside the switch node,
+    on the devices' side of the shared link, on ``shared-broker-near``. The URLs carry the
+    query the transport's registry entry gives the protocol, and a pace for a transport that
+    takes one: the hub's the slowest link's on its way, each device's its own way's."""
+    entry = transport_of(exp.protocol)
     params = [q] if (q := entry.protocol_query(exp.protocol)) else []
-    rate = exp.link_profile().rate if testbed.shaped else None
-    if entry.paced and rate:
-        params.append(f"rate={int(rate * PACE)}")
-    address = testbed.server_address
+    hub_rate, device_rates = _paths(exp) if testbed.shaped else (None, None)
+    hub_params = [*params, f"rate={int(hub_rate * PACE)}"] if entry.paced and hub_rate else params
     broker_kind = entry.broker_kind()
     if broker_kind is not None:
+        node = getattr(testbed, "broker_node", "srv")
+        address = testbed.address(node)
         tag = f"tw-{exp.key[:40]}-{os.getpid()}"
-        prefix = testbed.command("srv", [])
+        prefix = testbed.command(node, [])
         port = broker_kind.port if testbed.shaped else 0
         server_class = broker_kind.load("server")
         tls = {"tls": hub_tls(certs)} if certs is not None else {}
         with server_class(port, bind=address, command_prefix=prefix, **tls) as broker:
             url = _with_query(broker.url(tag), params)
             facts = {a: getattr(broker, a) for a in ("pid", "node") if hasattr(broker, a)}
-            yield Endpoints(url, url, {"kind": broker_kind.name, "url": url, **facts})
+            yield Endpoints(url, url, {"kind": broker_kind.name, "url": url, "at": node, **facts})
         return
+    address = testbed.server_address
     port = SERVER_PORT if testbed.shaped else _free_port()
     listen = "0.0.0.0" if testbed.shaped else address
-    server = _with_query(f"{entry.scheme}://{listen}:{port}", params)
-    device = _with_query(f"{entry.scheme}://{address}:{port}", params)
-    yield Endpoints(server, device)
+    server = _with_query(f"{entry.scheme}://{listen}:{port}", hub_params)
+    device = _with_query(f"{entry.scheme}://{address}:{port}", hub_params)
+    each = None
+    if entry.paced and device_rates:
+        each = [
+            _with_query(f"{entry.scheme}://{address}:{port}", [*params, f"rate={int(r * PACE)}"])
+            for r in device_rates
+        ]
+    yield Endpoints(server, device, device_urls=each)
+
+
+def _paths(exp: Experiment) -> tuple[float | None, list[float] | None]:
+    """The rate (bits/s) of the slowest way between the server and a device (None:
+    unshaped), and each device's own where they differ (else None)."""
+    ways = [min_rate(d["downlink"], d["uplink"]) for d in device_rates(exp).values()]
+    known = [r for r in ways if r is not None]
+    differ = len(known) == len(ways) and len(set(known)) > 1
+    return (min(known) if known else None), (known if differ else None)
+
+
+def min_rate(*rates: float | None) -> float | None:
+    """The least of ``rates`` (bits/s) that are set; None if none is (all unshaped)."""
+    known = [r for r in rates if r is not None]
+    return min(known) if known else None
+
+
+def device_rates(exp: Experiment, direction: str = "both") -> dict[str, dict[str, float | None]]:
+    """Per device (``device-1`` ...): the rate in bits/s of its slowest link to the server
+    (the shared link or its own, whichever is slower) down and up; None: unshaped."""
+    shared = exp.link_profile().rate if exp.topology != "star" else None
+    own = exp.device_profiles()
+    rates = {}
+    for i in range(1, exp.clients + 1):
+        if own is not None:
+            rate = min_rate(own[i - 1].rate, shared)
+        else:
+            rate = shared if exp.topology != "star" else exp.link_profile().rate
+        rates[f"device-{i}"] = {
+            "downlink": rate if direction in ("both", "down") else None,
+            "uplink": rate if direction in ("both", "up") else None,
+        }
+    return rates
 
 
 def _with_query(url: str, params: list[str]) -> str:
@@ -221,12 +274,26 @@ def _python_tensorwire(*args: str) -> list[str]:
     return [sys.executable, "-m", "tensorwire", *args]
 
 
+# ``tensorwire fl server`` whose hub broadcasts one device after another: ``serve`` made to
+# open hubs with ``fanout="sequential"`` before the CLI runs (``fl server`` has no option for
+# it yet). It refuses to run where serve has no such fan-out rather than measure concurrency.
+_SEQUENTIAL_SERVER = (
+    "import functools, runpy, sys, tensorwire, tensorwire.transports as t; "
+    "'sequential' in getattr(t, 'FANOUTS', ()) or sys.exit('no sequential fan-out here'); "
+    "tensorwire.serve = functools.partial(t.serve, fanout='sequential'); "
+    "runpy.run_module('tensorwire', run_name='__main__')"
+)
+
+
 def server_command(
     exp: Experiment, url: str, exp_dir: Path, certs: Path | None = None
 ) -> list[str]:
     """``tensorwire fl server`` for ``exp``, writing results and progress into ``exp_dir``."""
     secured = ["--certs", str(certs)] if certs is not None else []
-    return _python_tensorwire(
+    sequential = fanout_of(exp.protocol) == "sequential"
+    run = [sys.executable, "-c", _SEQUENTIAL_SERVER] if sequential else _python_tensorwire()
+    return [
+        *run,
         "fl",
         "server",
         "--url",
@@ -260,7 +327,7 @@ def server_command(
         "--progress-ack",
         str(ACK_TIMEOUT),
         *secured,
-    )
+    ]
 
 
 def device_command(url: str, device: int, certs: Path | None = None) -> list[str]:
@@ -336,7 +403,10 @@ def run_experiment(
     logs = exp_dir / "logs"
     logs.mkdir(parents=True)
     if testbed.shaped:
-        testbed.set_profile(exp.link_profile())
+        if exp.topology != getattr(testbed, "topology", "star"):
+            raise ExperimentFailed(f"{exp.key}: needs a {exp.topology} testbed")
+        links = exp.device_profiles()
+        testbed.set_profile(exp.link_profile(), links=links)
     started = time.time()
     readings: list[dict[str, Any]] = []
     processes: list[subprocess.Popen[Any]] = []
@@ -363,7 +433,7 @@ def run_experiment(
                     processes.append(
                         testbed.popen(
                             node,
-                            device_command(ends.device_url, i, certs),
+                            device_command(ends.url_of(i), i, certs),
                             stdout=log,
                             stderr=subprocess.STDOUT,
                             env=env,
@@ -453,6 +523,9 @@ def _write_manifest(
     doc = json.loads(path.read_text()) if path.is_file() else {}
     shaping = testbed.shaping
     rate = shaping.profile.rate if testbed.shaped else None
+    if testbed.shaped and exp.profile == "mixed":
+        rate = None  # no one rate: each device's is in device_rate_bps
+    rates = device_rates(exp, shaping.direction) if testbed.shaped else None
     doc.update(
         key=exp.key,
         experiment=exp.to_config(),
@@ -463,8 +536,13 @@ def _write_manifest(
             "downlink": rate if shaping.direction in ("both", "down") else None,
             "uplink": rate if shaping.direction in ("both", "up") else None,
         },
+        device_rate_bps=rates,
+        topology=exp.topology,
+        links=list(exp.links),
+        fanout=fanout_of(exp.protocol),
         server_url=ends.server_url,
         device_url=ends.device_url,
+        device_urls=ends.device_urls,
         broker=ends.broker,
         secured=exp.security != "none",
         stress={
@@ -535,7 +613,8 @@ def run_matrix(
 
     started = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)
-    with choose_testbed(matrix.clients, say) as testbed:
+    with _testbeds(matrix.clients, say) as testbed_for:
+        testbed = testbed_for(matrix.topologies[0])
         summary = RunSummary(out_dir=out_dir, label=run_label(testbed))
         summary.skipped = skip_reasons(matrix, testbed)
         for why, keys in _by_reason(summary.skipped).items():
@@ -563,6 +642,7 @@ def run_matrix(
                     bar.update(task, description=f"{what}: round {r}/{total}")
 
                 try:
+                    testbed = testbed_for(exp.topology)
                     run_experiment(
                         testbed, exp, exp_dir, network_mbit=matrix.network_mbit, on_round=show
                     )
@@ -581,6 +661,29 @@ def run_matrix(
     summary.report = build_report([out_dir])
     summary.seconds = time.time() - started
     return summary
+
+
+@contextlib.contextmanager
+def _testbeds(devices: int, say: Callable[[str], None]) -> Iterator[Callable[[str], BaseTestbed]]:
+    """A function of a topology giving an open testbed of it: the one open now if it has
+    that topology, else (the open one closed first) a new one; all closed at the end."""
+    current: list[BaseTestbed] = []
+
+    def testbed_for(topology: str) -> BaseTestbed:
+        if current and getattr(current[0], "topology", "star") in (topology, None):
+            return current[0]
+        if current and not current[0].shaped:
+            return current[0]  # loopback has no topology: those experiments are skipped
+        if current:
+            current.pop().close()
+        current.append(choose_testbed(devices, say, topology).open())
+        return current[0]
+
+    try:
+        yield testbed_for
+    finally:
+        if current:
+            current.pop().close()
 
 
 def _experiment_report(exp_dir: Path, say: Callable[[str], None]) -> None:

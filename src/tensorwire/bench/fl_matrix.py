@@ -1,6 +1,9 @@
-"""The FedComm experiment matrix: protocols x models x profiles x loss x stress x codecs x reps.
+"""The FedComm experiment matrix: protocols x models x profiles x loss x stress x codecs x reps,
+and beyond FedComm the topology (star, shared, shared-broker-near) and per-device links.
 
 Codecs are the uplink compressor and the downlink mode (none, fp16, or a lossless delta).
+``tcp-sequential`` is tcp whose server reaches its devices one after another (FedComm's TCP
+server did), beside tcp's concurrent broadcast.
 
 An :class:`Experiment` is one FedAvg run on the testbed; its :attr:`~Experiment.key` names its
 results directory and stays the same for the same settings, so a rerun finds what is done.
@@ -14,11 +17,20 @@ import re
 from typing import Any
 
 from tensorwire.testbed.profile import LinkProfile, as_profile
-from tensorwire.transports.registry import bench_protocols, find_transport, listed_transports
+from tensorwire.testbed.shaping import TOPOLOGIES
+from tensorwire.transports.registry import (
+    TransportEntry,
+    bench_protocols,
+    find_transport,
+    listed_transports,
+)
 
 STRESSES = ("none", "cpu", "network")
 SECURITIES = ("none", "tls")  # tls: enrolled devices, encrypted traffic
 RATIO_CODECS = ("topk", "randomk", "dgc")  # the uplink codecs that keep a fraction
+# Protocols that are another protocol with a sequential fan-out: one unicast after another.
+SEQUENTIAL = {"tcp-sequential": "tcp"}
+MIXED = "mixed"  # the profile of a star whose devices each have their own link
 
 
 def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
@@ -36,7 +48,36 @@ def registered_protocols() -> list[str]:
 def protocol_schemes() -> dict[str, str]:
     """Every name a protocol can have here -> its URL scheme: each transport's name and its
     variants (udp also runs in best-effort mode, as ``udp-best-effort``)."""
-    return {protocol: entry.scheme for protocol, entry in bench_protocols().items()}
+    schemes = {protocol: entry.scheme for protocol, entry in bench_protocols().items()}
+    schemes.update({v: schemes[base] for v, base in SEQUENTIAL.items() if base in schemes})
+    return schemes
+
+
+def transport_of(protocol: str) -> TransportEntry:
+    """The registered transport a ``--protocols`` name runs (tcp for ``tcp-sequential``);
+    KeyError if there is none."""
+    return bench_protocols()[SEQUENTIAL.get(protocol, protocol)]
+
+
+def fanout_of(protocol: str) -> str:
+    """How the server of ``protocol`` broadcasts: ``sequential`` or ``concurrent``."""
+    return "sequential" if protocol in SEQUENTIAL else "concurrent"
+
+
+def parse_links(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Per-device link profiles from ``"3g,4g,4g,wifi"`` (or ``;`` between custom profiles
+    that have commas of their own: ``"3g;20mbit,loss=1%"``), or a list of them; ``()`` for
+    empty text or ``uniform``. Each must parse (:class:`~tensorwire.testbed.ProfileError`)."""
+    if isinstance(text, str):
+        text = text.strip()
+        if text.lower() in ("", "uniform"):
+            return ()
+        items = [t.strip() for t in text.split(";" if ";" in text else ",")]
+    else:
+        items = [t.strip() for t in text]
+    for item in items:
+        as_profile(item)
+    return tuple(items)
 
 
 def protocol_name(text: str) -> str:
@@ -51,7 +92,14 @@ class Experiment:
     """One FedAvg run: ``protocol`` (a name of :func:`protocol_schemes`), ``model``, link
     ``profile`` (a name or profile string) with packet ``loss`` (a fraction), ``stress``
     (none, cpu, network), ``uplink`` compressor keeping ``ratio``, ``downlink`` mode, and
-    the run's size (``epochs`` local epochs per round)."""
+    the run's size (``epochs`` local epochs per round).
+
+    ``topology``: ``star`` (a link per device, shaped with ``profile``), ``shared`` (one access
+    link shaped with ``profile`` in front of the server, every device behind it) or
+    ``shared-broker-near`` (the same, the broker on the devices' side of it). ``links``: one
+    profile per device, each device's own link; on a star they replace ``profile``, which
+    becomes ``mixed``, and packet ``loss`` applies to each of them; on a shared topology they
+    sit behind the shared link (loss on the shared link only)."""
 
     protocol: str
     model: str = "vgg5"
@@ -67,12 +115,25 @@ class Experiment:
     downlink: str = "none"
     epochs: int = 1
     security: str = "none"  # "tls": enrolled devices, encrypted (tensorwire certs per run)
+    topology: str = "star"
+    links: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from tensorwire.fl.config import FLConfig  # tensorwire.fl imports torch
 
         if self.protocol not in (schemes := protocol_schemes()):
             raise ValueError(f"protocol {self.protocol!r}: choose among {', '.join(schemes)}")
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology {self.topology!r}: choose among {', '.join(TOPOLOGIES)}")
+        object.__setattr__(self, "links", parse_links(self.links))
+        if self.links and len(self.links) != self.clients:
+            raise ValueError(
+                f"links {','.join(self.links)!r}: one profile per device, {self.clients} devices"
+            )
+        if self.topology == "star" and self.links:
+            object.__setattr__(self, "profile", MIXED)
+        elif self.profile == MIXED:
+            raise ValueError("profile 'mixed' is a star whose devices have links of their own")
         if self.stress not in STRESSES:
             raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
         if self.security not in SECURITIES:
@@ -112,6 +173,8 @@ class Experiment:
             *([f"down-{self.downlink}"] if self.downlink != "none" else []),
             *([f"{self.epochs}ep"] if self.epochs != 1 else []),
             *([f"sec-{self.security}"] if self.security != "none" else []),
+            *([f"topo-{self.topology}"] if self.topology != "star" else []),
+            *([f"links-{_slug('-'.join(self.links))}"] if self.links else []),
             self.dataset,
             f"{self.clients}dev",
             f"{self.rounds}rounds",
@@ -120,11 +183,22 @@ class Experiment:
         return "_".join(parts)
 
     def link_profile(self) -> LinkProfile:
-        """The profile the links get: :attr:`profile` with :attr:`loss` applied."""
-        base = as_profile(self.profile)
-        loss = dataclasses.replace(base, loss=self.loss) if self.loss else base
-        name = self.profile if not self.loss else f"{self.profile}, loss {self.loss * 100:g}%"
-        return dataclasses.replace(loss, name=name)
+        """The profile the links get: :attr:`profile` with :attr:`loss` applied (the shared
+        link's on a shared topology; on a ``mixed`` star the slowest device link's)."""
+        if self.profile == MIXED:
+            devices = self.device_profiles() or []
+            slowest = min(devices, key=lambda p: p.rate if p.rate is not None else float("inf"))
+            return dataclasses.replace(slowest, name=f"{MIXED} ({','.join(self.links)})")
+        return _with_loss(as_profile(self.profile), self.profile, self.loss)
+
+    def device_profiles(self) -> list[LinkProfile] | None:
+        """Each device's own link, in device order, or None when :attr:`links` are not set
+        (then the testbed's default: :meth:`link_profile` on a star, unshaped behind a shared
+        link). :attr:`loss` applies to them on a star."""
+        if not self.links:
+            return None
+        loss = self.loss if self.topology == "star" else 0.0
+        return [_with_loss(as_profile(text), text, loss) for text in self.links]
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable dict; :meth:`from_config` restores the experiment."""
@@ -155,8 +229,11 @@ class Matrix:
     reps: int = 1
     epochs: int = 1
     network_mbit: float = 250.0  # load the network stressor offers per device, Mbit/s
+    topologies: tuple[str, ...] = ("star",)
+    links: tuple[tuple[str, ...], ...] = ((),)  # per-device link sets; () is uniform
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "links", tuple(parse_links(each) for each in self.links))
         if self.rounds < 1 or self.clients < 1 or self.reps < 1 or self.epochs < 1:
             raise ValueError("rounds, clients, reps and epochs must be positive")
         for name in (
@@ -168,6 +245,8 @@ class Matrix:
             "uplinks",
             "downlinks",
             "securities",
+            "topologies",
+            "links",
         ):
             if not getattr(self, name):
                 raise ValueError(f"the matrix needs at least one of {name}")
@@ -179,20 +258,16 @@ class Matrix:
         return cls(protocols=tuple(registered_protocols()))
 
     def experiments(self) -> list[Experiment]:
-        """Every experiment, repetition outermost and protocol innermost, so that an
-        interrupted run has whole protocol comparisons."""
-        combos = itertools.product(
-            range(self.reps),
-            self.profiles,
-            self.losses,
-            self.stresses,
-            self.uplinks,
-            self.downlinks,
-            self.securities,
-            self.models,
-            self.protocols,
+        """Every experiment, repetition outermost, then topology (a testbed per topology),
+        protocol innermost, so that an interrupted run has whole protocol comparisons. A star
+        with per-device links has no profile of its own: it runs once, not once per profile."""
+        outer = itertools.product(
+            range(self.reps), self.topologies, self.links, self.profiles, self.losses
         )
-        return [
+        inner = itertools.product(
+            self.stresses, self.uplinks, self.downlinks, self.securities, self.models
+        )
+        experiments = [
             Experiment(
                 protocol=protocol,
                 model=model,
@@ -208,23 +283,42 @@ class Matrix:
                 dataset=self.dataset,
                 rep=rep,
                 security=security,
+                topology=topology,
+                links=links,
             )
-            for rep, profile, loss, stress, uplink, downlink, security, model, protocol in combos
+            for (rep, topology, links, profile, loss), (
+                stress,
+                uplink,
+                downlink,
+                security,
+                model,
+            ) in itertools.product(outer, list(inner))
+            for protocol in self.protocols
         ]
+        return list({exp.key: exp for exp in experiments}.values())
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable dict; :meth:`from_config` restores the matrix."""
-        return {
+        config = {
             f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
             for f in dataclasses.fields(self)
         }
+        config["links"] = [list(each) for each in self.links]
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Matrix:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names}
-        )
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names
+        }
+        return cls(**fields)
+
+
+def _with_loss(profile: LinkProfile, text: str, loss: float) -> LinkProfile:
+    """``profile`` (given as ``text``) with packet ``loss`` applied and named for both."""
+    lossy = dataclasses.replace(profile, loss=loss) if loss else profile
+    return dataclasses.replace(lossy, name=text if not loss else f"{text}, loss {loss * 100:g}%")
 
 
 def _slug(text: str) -> str:

@@ -5,13 +5,20 @@ From each done experiment directory it takes the server's ``rounds.parquet`` (ac
 (both sides' records of every transfer) and ``counters.parquet`` (the testbed's counters at
 every round boundary), and adds per round:
 
-- ``lower_bound_s``: each transfer's message bytes (header + encoded tensors) over its
-  link's rate, summed over transfers as ``comm_s`` is: the time the shaped links need at least;
+- ``lower_bound_s``: each transfer's message bytes (header + encoded tensors) over the rate
+  of the slowest link on its way (its device's own, or the shared one), summed over transfers
+  as ``comm_s`` is: the time the shaped links need at least, each transfer alone on them;
 - ``encode_s`` / ``wire_s`` / ``decode_s``: ``comm_s`` split into the senders' encoding,
   the receivers' decoding, and the rest (on the wire and in queues; also any encoding or
   decoding whose record a device did not send back);
 - ``wire_bytes``: bytes the veths sent (frames, protocol overhead and resends included);
-- ``retrans_segs``: TCP segments retransmitted in every namespace (the broker's included).
+- ``retrans_segs``: TCP segments retransmitted in every namespace (the broker's included);
+- on a shared topology, ``shared_down_bytes`` / ``shared_up_bytes``: bytes the shared access
+  link carried towards the devices / the server, and ``shared_down_copies``: how many copies
+  of the model crossed it per round (4 when a server unicasts to 4 devices, 1 when a broker
+  beyond it fans out).
+
+:func:`device_frame` gives a row per device and round (its link, downlink and uplink time).
 """
 
 from __future__ import annotations
@@ -28,15 +35,31 @@ from tensorwire.bench.fl_matrix import codec_label
 EXPERIMENTS_DIR = "experiments"
 TABLE = "experiments.parquet"
 # The settings that tell experiments apart (the repetition aside).
-DIMENSIONS = ["protocol", "model", "profile", "loss", "stress", "codec", "epochs", "security"]
+DIMENSIONS = [
+    "topology",
+    "links",
+    "protocol",
+    "model",
+    "profile",
+    "loss",
+    "stress",
+    "codec",
+    "epochs",
+    "security",
+]
 
 
 def _read(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
-def _per_round_transfers(transfers: pd.DataFrame, rates: dict[str, float | None]) -> pd.DataFrame:
-    """Per round: lower bound, and the encoding and decoding seconds of the summed transfers."""
+def _per_round_transfers(
+    transfers: pd.DataFrame,
+    rates: dict[str, float | None],
+    device_rates: dict[str, dict[str, float | None]] | None = None,
+) -> pd.DataFrame:
+    """Per round: lower bound, and the encoding and decoding seconds of the summed transfers.
+    ``device_rates`` (device -> direction -> bits/s), where given, are each device's way."""
     columns = ["round", "lower_bound_s", "encode_s", "decode_s"]
     if transfers.empty:
         return pd.DataFrame(columns=columns)
@@ -49,7 +72,17 @@ def _per_round_transfers(transfers: pd.DataFrame, rates: dict[str, float | None]
         .reset_index()
         .fillna({"encode_s": 0.0, "decode_s": 0.0})
     )
-    rate = each["direction"].map(lambda d: rates.get(d) or np.nan)
+    if device_rates:
+        rate = pd.Series(
+            [
+                (device_rates.get(dev) or {}).get(d) or np.nan
+                for dev, d in zip(each["device"], each["direction"], strict=True)
+            ],
+            index=each.index,
+            dtype=float,
+        )
+    else:
+        rate = each["direction"].map(lambda d: rates.get(d) or np.nan)
     each["lower_bound_s"] = each["bytes_encoded"] * 8 / rate
     return (
         each.groupby("round")
@@ -71,8 +104,13 @@ def _per_round_counters(counters: pd.DataFrame) -> pd.DataFrame:
     counters["reading"] = counters.groupby(["point", "round"], sort=False).ngroup()
     tcp = counters[counters["kind"] == "tcp"]
     links = counters[counters["kind"] == "link"]
-    server_end = (links["node"] == "srv") & ~links["ifname"].str.endswith("br")
-    device_end = links["node"].str.startswith("dev")
+    if "role" in links and links["role"].fillna("").ne("").any():
+        role = links["role"].fillna("")
+        server_end, device_end = role == "port", role == "device"
+    else:  # counters from before link roles: a star, its bridge in the server namespace
+        server_end = (links["node"] == "srv") & ~links["ifname"].str.endswith("br")
+        device_end = links["node"].str.startswith("dev")
+        role = pd.Series("", index=links.index)
     host = links["node"] == "host"  # loopback: one interface carries both directions
     per = pd.DataFrame(
         {
@@ -83,6 +121,10 @@ def _per_round_counters(counters: pd.DataFrame) -> pd.DataFrame:
             "wire_host_bytes": links[host].groupby("reading")["tx_bytes"].sum(),
         }
     )
+    if (role == "shared-server").any():
+        shared = links.assign(role=role).groupby(["reading", "role"])["tx_bytes"].sum()
+        per["shared_down_bytes"] = shared.xs("shared-server", level="role")
+        per["shared_up_bytes"] = shared.xs("shared-switch", level="role")
     points = counters.groupby("reading")[["point", "round"]].first()
     deltas = per.sort_index().diff().join(points)
     deltas = deltas[deltas["point"] == "round"].drop(columns="point")
@@ -98,10 +140,17 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
     exp = doc["experiment"]
     rates = doc.get("link_rate_bps") or {}
     rounds = _read(exp_dir / "rounds.parquet")
+    transfers = _read(exp_dir / "transfers.parquet")
+    per_device = doc.get("device_rate_bps")
     frame = rounds.merge(
-        _per_round_transfers(_read(exp_dir / "transfers.parquet"), rates), on="round", how="left"
+        _per_round_transfers(transfers, rates, per_device), on="round", how="left"
     ).merge(_per_round_counters(_read(exp_dir / "counters.parquet")), on="round", how="left")
     frame["payload_bytes"] = frame["uplink_bytes"] + frame["downlink_bytes"]
+    if "shared_down_bytes" in frame:
+        # one model's bytes: the downlink's message bytes over the devices it went to
+        sent = _downlink_messages(transfers)
+        one = frame["downlink_bytes"] / frame["round"].map(sent).replace(0, np.nan)
+        frame["shared_down_copies"] = frame["shared_down_bytes"] / one
     frame["wire_bytes"] = frame["wire_down_bytes"] + frame["wire_up_bytes"]
     if "wire_host_bytes" in frame:
         frame["wire_bytes"] = frame["wire_bytes"].fillna(frame.pop("wire_host_bytes"))
@@ -125,10 +174,87 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
         "rate_down_bps": rates.get("downlink"),
         "rate_up_bps": rates.get("uplink"),
         "loss_applied": profile.get("loss", 0.0),
+        "topology": doc.get("topology", exp.get("topology", "star")),
+        "links": ",".join(exp.get("links") or ()) or "uniform",
+        "fanout": doc.get("fanout", "concurrent"),
     }
     for name, value in reversed(settings.items()):
         frame.insert(0, name, value)
     return frame
+
+
+def _downlink_messages(transfers: pd.DataFrame) -> dict[int, int]:
+    """Round -> how many devices the server sent the model to (its send records)."""
+    if transfers.empty:
+        return {}
+    sent = transfers[
+        (transfers["side"] == "server")
+        & (transfers["role"] == "send")
+        & (transfers["direction"] == "downlink")
+    ]
+    return {int(r): int(n) for r, n in sent.groupby("round")["device"].nunique().items()}
+
+
+def device_frame(exp_dir: Path) -> pd.DataFrame:
+    """One row per device and round of the done experiment in ``exp_dir``: its link
+    (``link``, ``rate_bps``: its way's slowest rate), ``down_s`` (its downlink wall time as
+    the device saw it, from the server's first encoded byte: a sequential fan-out's wait
+    included), ``up_s`` (its update's), ``comm_s`` (both) and the settings that tell
+    experiments apart."""
+    doc = json.loads((exp_dir / "manifest.json").read_text())
+    exp = doc["experiment"]
+    transfers = _read(exp_dir / "transfers.parquet")
+    columns = ["round", "device", "down_s", "up_s", "comm_s"]
+    if transfers.empty:
+        return pd.DataFrame(columns=columns)
+    seconds = transfers["e2e_s"].fillna(transfers["wall_s"]) if "e2e_s" in transfers else None
+    transfers = transfers.assign(seconds=seconds if seconds is not None else transfers["wall_s"])
+    recv = transfers[transfers["role"] == "recv"]
+    per = recv.pivot_table(
+        index=["round", "device"], columns="direction", values="seconds", aggfunc="max"
+    )
+    frame = pd.DataFrame(
+        {
+            "down_s": per.get("downlink", pd.Series(np.nan, index=per.index)),
+            "up_s": per.get("uplink", pd.Series(np.nan, index=per.index)),
+        }
+    ).reset_index()
+    frame["comm_s"] = frame["down_s"].fillna(0.0) + frame["up_s"].fillna(0.0)
+    links = list(exp.get("links") or ())
+    rates = doc.get("device_rate_bps") or {}
+
+    def number(device: str) -> int:
+        tail = device.rsplit("-", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+
+    frame["link"] = [
+        links[number(d) - 1] if 0 < number(d) <= len(links) else exp["profile"]
+        for d in frame["device"]
+    ]
+    frame["rate_bps"] = [
+        min([r for r in (rates.get(d) or {}).values() if r] or [np.nan]) for d in frame["device"]
+    ]
+    settings = {
+        "key": doc["key"],
+        "protocol": exp["protocol"],
+        "topology": doc.get("topology", "star"),
+        "links": ",".join(links) or "uniform",
+        "profile": exp["profile"],
+        "model": exp["model"],
+        "loss": exp["loss"],
+        "rep": exp["rep"],
+        "label": doc["label"],
+    }
+    for name, value in reversed(settings.items()):
+        frame.insert(0, name, value)
+    return frame
+
+
+def collect_devices(run_dir: Path) -> pd.DataFrame:
+    """:func:`device_frame` of every done experiment of ``run_dir``, in one table."""
+    frames = [device_frame(d) for d in done_experiments(run_dir)]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def done_experiments(run_dir: Path) -> list[Path]:
@@ -173,6 +299,9 @@ def summarize(frame: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
         decode_s=("decode_s", "mean"),
         label=("label", "first"),
     )
+    for extra in ("shared_down_bytes", "shared_up_bytes", "shared_down_copies"):
+        if extra in frame:
+            table[extra] = grouped[extra].mean()
     sums = grouped[["comm_s", "lower_bound_s"]].sum(min_count=1)
     table["ratio"] = sums["comm_s"] / sums["lower_bound_s"]
     table["final_accuracy"] = last.groupby(by, sort=False, dropna=False)["accuracy"].mean()

@@ -29,7 +29,9 @@ class Backend(Protocol):
 
     def address(self, node: str) -> str: ...
 
-    def shape(self, profile: LinkProfile, direction: str) -> AppliedShaping: ...
+    def shape(
+        self, profile: LinkProfile, direction: str, devices: list[LinkProfile] | None = None
+    ) -> AppliedShaping: ...
 
     def counters(self) -> dict[str, Any]: ...
 
@@ -42,7 +44,8 @@ class LocalBackend:
     """Namespaces from ``provider`` and a :class:`Fabric` in them, driven from this process.
 
     ``netem`` / ``nft``: whether the kernel has netem, and the nft program if nftables' netdev
-    hook works (from :func:`probe_capabilities`)."""
+    hook works (from :func:`probe_capabilities`); ``topology`` one of
+    :data:`~tensorwire.testbed.shaping.TOPOLOGIES` (a shared one needs an ``sw`` node)."""
 
     def __init__(
         self,
@@ -51,11 +54,14 @@ class LocalBackend:
         subnet: str,
         netem: bool,
         nft: str | None,
+        topology: str = "star",
     ) -> None:
         self._provider = provider
         self.namespaces = provider.create()
         try:
-            self._fabric = Fabric(self.namespaces, prefix, subnet, netem=netem, nft=nft)
+            self._fabric = Fabric(
+                self.namespaces, prefix, subnet, netem=netem, nft=nft, topology=topology
+            )
             self._fabric.build()
         except BaseException:
             self.close()
@@ -64,8 +70,10 @@ class LocalBackend:
     def address(self, node: str) -> str:
         return self._fabric.address(node)
 
-    def shape(self, profile: LinkProfile, direction: str) -> AppliedShaping:
-        return self._fabric.shape(profile, direction)
+    def shape(
+        self, profile: LinkProfile, direction: str, devices: list[LinkProfile] | None = None
+    ) -> AppliedShaping:
+        return self._fabric.shape(profile, direction, devices)
 
     def counters(self) -> dict[str, Any]:
         return self._fabric.counters()

@@ -1,17 +1,27 @@
-"""The links of a testbed: a bridge in the server namespace, a veth per device, shaping, stats.
+"""The links of a testbed: bridges, veths, shaping and stats, in one of three topologies.
 
-Topology (for devices 1..N, prefix P, subnet 10.211.0.0/24 by default)::
+``star`` (for devices 1..N, prefix P, subnet 10.211.0.0/24 by default)::
 
     P-srv:  bridge Pbr 10.211.0.1/24 -- Ps1 ... PsN (server ends of the veths, bridge ports)
     P-devI: PdI 10.211.0.(I+1)/24    (device end of veth I)
 
-so every device reaches the server at the one address 10.211.0.1. Links, addresses and qdiscs
-are set with pyroute2 over netlink; nftables rules with the ``nft`` program run inside the
-namespace, because pyroute2's nftables API cannot express ``numgen random``.
+``shared`` and ``shared-broker-near`` put a switch namespace between them, so that the server
+reaches every device through one access link (shaped with the profile) and each device hangs
+off the switch on its own link (unshaped, or its own profile)::
+
+    P-srv:  Pup 10.211.0.1/24 ===shared link=== Pul (a port of the switch's bridge)
+    P-sw:   bridge Pbr 10.211.0.254/24 -- Pul, Ps1 ... PsN
+    P-devI: PdI 10.211.0.(I+1)/24
+
+so every device reaches the server at the one address 10.211.0.1, and the switch (where a
+broker near the devices runs) at the subnet's last host. Links, addresses and qdiscs are set
+with pyroute2 over netlink; nftables rules with the ``nft`` program run inside the namespace,
+because pyroute2's nftables API cannot express ``numgen random``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import ipaddress
 import subprocess
@@ -22,8 +32,9 @@ from pyroute2 import IPRoute, NetlinkError
 from tensorwire.testbed._netns import Netns, read_proc_net, write_sysctls
 from tensorwire.testbed.counters import parse_snmp_tcp
 from tensorwire.testbed.errors import TestbedError
-from tensorwire.testbed.profile import LinkProfile
+from tensorwire.testbed.profile import PROFILES, LinkProfile
 from tensorwire.testbed.shaping import (
+    TOPOLOGIES,
     AppliedShaping,
     netem_parameters,
     nft_loss_script,
@@ -32,6 +43,7 @@ from tensorwire.testbed.shaping import (
 )
 
 SERVER = "srv"
+SWITCH = "sw"
 # No IPv6: its router solicitations and DAD would add packets to the veth counters.
 _SYSCTLS = {
     "net.ipv6.conf.all.disable_ipv6": "1",
@@ -42,6 +54,27 @@ _SYSCTLS = {
 def device_node(i: int) -> str:
     """The node name of device ``i`` (1-based): ``dev1``, ``dev2``, ..."""
     return f"dev{i}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One shaped link: ``near`` is its end towards the server (node, ifname: downlink egress,
+    uplink ingress), ``far`` its end towards the device(s) (uplink egress, downlink ingress).
+    ``device`` is the device's number, or 0 for the shared access link."""
+
+    device: int
+    near: tuple[str, str]
+    far: tuple[str, str]
+
+
+# A link end's role in the counters, so that results tell the kinds of byte apart.
+PORT, DEVICE, SHARED_SERVER, SHARED_SWITCH, BRIDGE = (
+    "port",  # the server's or switch's end of a device's link
+    "device",  # the device's end of its link
+    "shared-server",  # the server's end of the shared access link
+    "shared-switch",  # the switch's end of the shared access link
+    "bridge",
+)
 
 
 class Fabric:
@@ -55,11 +88,18 @@ class Fabric:
         subnet: str,
         netem: bool,
         nft: str | None,
+        topology: str = "star",
     ) -> None:
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, not {topology!r}")
         self.namespaces = namespaces
         self.prefix = prefix
         self.subnet = ipaddress.IPv4Network(subnet)
-        self.devices = len(namespaces) - 1
+        self.topology = topology
+        self.shared = topology != "star"
+        if self.shared and SWITCH not in namespaces:
+            raise TestbedError(f"topology {topology} needs a {SWITCH} namespace")
+        self.devices = sum(1 for node in namespaces if node.startswith("dev"))
         self.netem = netem
         self.nft = nft  # path of the nft program, if nftables' netdev hook works here
         self._ipr: dict[str, IPRoute] = {}
@@ -71,16 +111,46 @@ class Fabric:
     def bridge(self) -> str:
         return f"{self.prefix}br"
 
+    @property
+    def hub_node(self) -> str:
+        """The node whose bridge joins the device links: the server, or the switch."""
+        return SWITCH if self.shared else SERVER
+
     def server_end(self, i: int) -> str:
-        """The server-side veth of device ``i`` (a port of the bridge)."""
+        """The server-side (or switch-side) veth of device ``i`` (a port of the bridge)."""
         return f"{self.prefix}s{i}"
 
     def device_end(self, i: int) -> str:
         """The device-side veth of device ``i``."""
         return f"{self.prefix}d{i}"
 
+    @property
+    def uplink_server_end(self) -> str:
+        """The server's end of the shared access link (shared topologies)."""
+        return f"{self.prefix}up"
+
+    @property
+    def uplink_switch_end(self) -> str:
+        """The switch's end of the shared access link (a port of its bridge)."""
+        return f"{self.prefix}ul"
+
+    def links(self) -> list[Link]:
+        """The shaped links: the shared one first (device 0) where there is one."""
+        hub = self.hub_node
+        found = [
+            Link(i, (hub, self.server_end(i)), (device_node(i), self.device_end(i)))
+            for i in range(1, self.devices + 1)
+        ]
+        if self.shared:
+            shared = Link(0, (SERVER, self.uplink_server_end), (SWITCH, self.uplink_switch_end))
+            found.insert(0, shared)
+        return found
+
     def address(self, node: str) -> str:
-        """The IPv4 address of ``node``: the subnet's first host for the server, then devices."""
+        """The IPv4 address of ``node``: the subnet's first host for the server, then devices,
+        its last host for the switch."""
+        if node == SWITCH:
+            return str(self.subnet[-2])
         index = 1 if node == SERVER else int(node.removeprefix("dev")) + 1
         return str(self.subnet[index])
 
@@ -91,37 +161,49 @@ class Fabric:
 
         Every link sends one packet per buffer (``gso_max_segs 1``): otherwise TCP hands veth
         64 kB segmentation-offload buffers, and a loss rule would drop 40 packets at once."""
-        if self.devices + 2 > self.subnet.num_addresses - 1:
+        if self.devices + 3 > self.subnet.num_addresses - 1:
             raise TestbedError(f"subnet {self.subnet} has no room for {self.devices} devices")
         for node, ns in self.namespaces.items():
             write_sysctls(ns.path, _SYSCTLS)
             self._ipr[node] = IPRoute(netns=ns.path)
-        srv = self._ipr[SERVER]
-        srv.link("add", ifname=self.bridge, kind="bridge")
-        bridge = self._index(SERVER, self.bridge)
-        srv.addr("add", index=bridge, address=self.address(SERVER), prefixlen=self.subnet.prefixlen)
+        hub = self.hub_node
+        ipr = self._ipr[hub]
+        ipr.link("add", ifname=self.bridge, kind="bridge")
+        bridge = self._index(hub, self.bridge)
+        ipr.addr("add", index=bridge, address=self.address(hub), prefixlen=self.subnet.prefixlen)
+        if self.shared:
+            self._veth(
+                SWITCH, self.uplink_switch_end, SERVER, self.uplink_server_end, master=bridge
+            )
+            self._address(SERVER, self.uplink_server_end)
         for i in range(1, self.devices + 1):
-            node = device_node(i)
-            srv.link(
-                "add",
-                ifname=self.server_end(i),
-                kind="veth",
-                peer={"ifname": self.device_end(i), "net_ns_fd": self.namespaces[node].path},
-            )
-            srv.link(
-                "set",
-                index=self._index(SERVER, self.server_end(i)),
-                master=bridge,
-                state="up",
-                gso_max_segs=1,
-            )
-            dev = self._ipr[node]
-            end = self._index(node, self.device_end(i))
-            dev.addr("add", index=end, address=self.address(node), prefixlen=self.subnet.prefixlen)
-            dev.link("set", index=end, state="up", gso_max_segs=1)
-            dev.link("set", index=self._index(node, "lo"), state="up")
-        srv.link("set", index=bridge, state="up", gso_max_segs=1)
-        srv.link("set", index=self._index(SERVER, "lo"), state="up")
+            self._veth(hub, self.server_end(i), device_node(i), self.device_end(i), master=bridge)
+            self._address(device_node(i), self.device_end(i))
+        ipr.link("set", index=bridge, state="up", gso_max_segs=1)
+        for node in self.namespaces:
+            self._ipr[node].link("set", index=self._index(node, "lo"), state="up")
+
+    def _veth(self, node: str, ifname: str, peer_node: str, peer: str, master: int) -> None:
+        """A veth ``ifname`` in ``node`` (a port of bridge ``master`` there) to ``peer`` in
+        ``peer_node``; both ends up."""
+        ipr = self._ipr[node]
+        ipr.link(
+            "add",
+            ifname=ifname,
+            kind="veth",
+            peer={"ifname": peer, "net_ns_fd": self.namespaces[peer_node].path},
+        )
+        ipr.link("set", index=self._index(node, ifname), master=master, state="up", gso_max_segs=1)
+        end = self._index(peer_node, peer)
+        self._ipr[peer_node].link("set", index=end, state="up", gso_max_segs=1)
+
+    def _address(self, node: str, ifname: str) -> None:
+        self._ipr[node].addr(
+            "add",
+            index=self._index(node, ifname),
+            address=self.address(node),
+            prefixlen=self.subnet.prefixlen,
+        )
 
     def _index(self, node: str, ifname: str) -> int:
         found = self._ipr[node].link_lookup(ifname=ifname)
@@ -131,28 +213,44 @@ class Fabric:
 
     # --- shaping --------------------------------------------------------------------------
 
-    def shape(self, profile: LinkProfile, direction: str) -> AppliedShaping:
-        """Apply ``profile`` to every device link (replacing what was there) in ``direction``
-        (both, up = device to server, down = server to device)."""
-        plan = plan_shaping(profile, direction, self.netem, self.nft is not None)
+    def shape(
+        self,
+        profile: LinkProfile,
+        direction: str,
+        devices: list[LinkProfile] | None = None,
+    ) -> AppliedShaping:
+        """Shape the links (replacing what was there) in ``direction`` (both, up = device to
+        server, down = server to device). On a star every device link gets ``profile``, or
+        device ``i`` its own ``devices[i - 1]``; on a shared topology the shared access link
+        gets ``profile`` and device ``i``'s link ``devices[i - 1]`` (unshaped without)."""
+        if devices is not None and len(devices) != self.devices:
+            raise TestbedError(f"{len(devices)} device profiles for {self.devices} devices")
+        behind = PROFILES["none"] if self.shared else profile
+        each = list(devices) if devices is not None else [behind] * self.devices
+        nft = self.nft is not None
+        plan = plan_shaping(profile, direction, self.netem, nft)
+        plans = {p: plan_shaping(p, direction, self.netem, nft) for p in set(each)}
         up = direction in ("both", "up")
         down = direction in ("both", "down")
-        for i in range(1, self.devices + 1):
-            node = device_node(i)
-            self._set_qdisc(node, self.device_end(i), profile, plan, apply=up)
-            self._set_qdisc(SERVER, self.server_end(i), profile, plan, apply=down)
-        nft_loss = plan.loss_by == "nftables"
-        # Loss is made where packets arrive: uplink at the server ends, downlink at devices.
-        self._set_loss(
-            SERVER,
-            [self.server_end(i) for i in range(1, self.devices + 1)] if up and nft_loss else [],
-            profile.loss,
-        )
-        for i in range(1, self.devices + 1):
-            self._set_loss(
-                device_node(i), [self.device_end(i)] if down and nft_loss else [], profile.loss
+        losses: dict[str, dict[str, float]] = {node: {} for node in self.namespaces}
+        for link in self.links():
+            link_profile = profile if link.device == 0 else each[link.device - 1]
+            link_plan = plan if link.device == 0 else plans[link_profile]
+            self._set_qdisc(*link.near, link_profile, link_plan, apply=down)
+            self._set_qdisc(*link.far, link_profile, link_plan, apply=up)
+            if link_plan.loss_by == "nftables":
+                # Loss is made where packets arrive: uplink at the near end, downlink far.
+                if up:
+                    losses[link.near[0]][link.near[1]] = link_profile.loss
+                if down:
+                    losses[link.far[0]][link.far[1]] = link_profile.loss
+        for node, ifnames in losses.items():
+            self._set_loss(node, ifnames)
+        if not self.shared and devices is not None:  # no link has the profile itself
+            plan = dataclasses.replace(
+                plan, rate_by=None, loss_by=None, delay_applied=False, notes=()
             )
-        return plan
+        return plan.combined(list(plans.values()), each, self.topology)
 
     def _set_qdisc(
         self, node: str, ifname: str, profile: LinkProfile, plan: AppliedShaping, apply: bool
@@ -192,11 +290,13 @@ class Fabric:
                 limit=tbf.limit,
             )
 
-    def _set_loss(self, node: str, ifnames: list[str], loss: float) -> None:
-        if not ifnames and node not in self._nft_tables:
+    def _set_loss(self, node: str, losses: dict[str, float]) -> None:
+        """Replace ``node``'s loss table with a drop rule per interface of ``losses``."""
+        losses = {ifname: loss for ifname, loss in losses.items() if loss}
+        if not losses and node not in self._nft_tables:
             return
         assert self.nft is not None
-        script = nft_loss_script(f"{self.prefix}loss", ifnames, loss)
+        script = nft_loss_script(f"{self.prefix}loss", losses)
         ns = self.namespaces[node]
         done = subprocess.run(
             [*ns.enter, self.nft, "-f", "-"],
@@ -208,7 +308,7 @@ class Fabric:
         )
         if done.returncode != 0:
             raise TestbedError(f"nft failed in {ns.name}: {done.stderr.strip()}\nscript:\n{script}")
-        if ifnames:
+        if losses:
             self._nft_tables.add(node)
         else:
             self._nft_tables.discard(node)
@@ -222,16 +322,19 @@ class Fabric:
             node: parse_snmp_tcp(read_proc_net(ns.path, "snmp"))
             for node, ns in self.namespaces.items()
         }
-        ours = (
-            {self.bridge}
-            | {self.server_end(i) for i in range(1, self.devices + 1)}
-            | {self.device_end(i) for i in range(1, self.devices + 1)}
-        )
+        roles = {(self.hub_node, self.bridge): BRIDGE}
+        for i in range(1, self.devices + 1):
+            roles[(self.hub_node, self.server_end(i))] = PORT
+            roles[(device_node(i), self.device_end(i))] = DEVICE
+        if self.shared:
+            roles[(SERVER, self.uplink_server_end)] = SHARED_SERVER
+            roles[(SWITCH, self.uplink_switch_end)] = SHARED_SWITCH
         links = []
         for node, ipr in self._ipr.items():
             for link in ipr.get_links():
                 ifname = link.get_attr("IFLA_IFNAME")
-                if ifname not in ours:
+                role = roles.get((node, ifname))
+                if role is None:
                     continue
                 stats = link.get_attr("IFLA_STATS64")
                 links.append(
@@ -242,6 +345,7 @@ class Fabric:
                             key: stats[key]
                             for key in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets")
                         },
+                        "role": role,
                     }
                 )
         return {"tcp": tcp, "links": links}

@@ -95,6 +95,7 @@ def main() -> None:
                         request["subnet"],
                         netem=request["netem"],
                         nft=request["nft"],
+                        topology=request.get("topology", "star"),
                     )
                     result: Any = {
                         "holders": {node: h.pid for node, h in holders.holders.items()},
@@ -104,7 +105,11 @@ def main() -> None:
                     raise TestbedError(f"{op!r} before setup")
                 elif op == "shape":
                     profile = LinkProfile.from_config(request["profile"])
-                    result = backend.shape(profile, request["direction"]).to_config()
+                    devices = request.get("devices")
+                    each = (
+                        None if devices is None else [LinkProfile.from_config(d) for d in devices]
+                    )
+                    result = backend.shape(profile, request["direction"], each).to_config()
                 elif op == "counters":
                     result = backend.counters()
                 elif op == "proc_net":
@@ -129,7 +134,13 @@ class AgentBackend:
     """A testbed backend whose namespaces live in an agent's unprivileged user namespace."""
 
     def __init__(
-        self, prefix: str, nodes: list[str], subnet: str, netem: bool, nft: str | None
+        self,
+        prefix: str,
+        nodes: list[str],
+        subnet: str,
+        netem: bool,
+        nft: str | None,
+        topology: str = "star",
     ) -> None:
         unshare, nsenter = require_tool("unshare"), require_tool("nsenter")
         self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the agent)
@@ -142,7 +153,13 @@ class AgentBackend:
         )
         try:
             setup = self._call(
-                "setup", prefix=prefix, nodes=nodes, subnet=subnet, netem=netem, nft=nft
+                "setup",
+                prefix=prefix,
+                nodes=nodes,
+                subnet=subnet,
+                netem=netem,
+                nft=nft,
+                topology=topology,
             )
         except BaseException:
             self.close()
@@ -180,8 +197,11 @@ class AgentBackend:
     def address(self, node: str) -> str:
         return self._addresses[node]
 
-    def shape(self, profile: LinkProfile, direction: str) -> AppliedShaping:
-        config = self._call("shape", profile=profile.to_config(), direction=direction)
+    def shape(
+        self, profile: LinkProfile, direction: str, devices: list[LinkProfile] | None = None
+    ) -> AppliedShaping:
+        each = None if devices is None else [d.to_config() for d in devices]
+        config = self._call("shape", profile=profile.to_config(), direction=direction, devices=each)
         return AppliedShaping.from_config(config)
 
     def counters(self) -> dict[str, Any]:

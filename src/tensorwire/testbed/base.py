@@ -164,8 +164,15 @@ class BaseTestbed:
         """The profile the links have now."""
         return self.shaping.profile
 
-    def set_profile(self, profile: LinkProfile | str, direction: str | None = None) -> None:
-        """Shape every device link with ``profile`` from now on (between experiments)."""
+    def set_profile(
+        self,
+        profile: LinkProfile | str,
+        direction: str | None = None,
+        *,
+        links: Sequence[LinkProfile | str] | None = None,
+    ) -> None:
+        """Shape every device link with ``profile`` from now on (between experiments); each
+        device's own link with its profile of ``links`` where given."""
         raise NotImplementedError
 
     def counters(self) -> Counters:

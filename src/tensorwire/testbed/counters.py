@@ -11,7 +11,10 @@ from tensorwire.testbed.errors import TestbedError
 
 @dataclasses.dataclass(frozen=True)
 class LinkCounters:
-    """One network interface of ``node``: bytes and packets received and sent."""
+    """One network interface of ``node``: bytes and packets received and sent. ``role`` says
+    which end of which link it is: ``port`` (the server's or switch's end of a device's link),
+    ``device`` (the device's end), ``shared-server`` / ``shared-switch`` (the ends of the
+    access link every device shares, on a shared topology), ``bridge``; empty if unknown."""
 
     node: str
     ifname: str
@@ -19,6 +22,7 @@ class LinkCounters:
     tx_bytes: int
     rx_packets: int
     tx_packets: int
+    role: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ no result from it can pass for a shaped run. Asking it for a shaped profile is a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tensorwire.testbed.base import BaseTestbed
@@ -55,14 +56,20 @@ class LoopbackTestbed(BaseTestbed):
     def shaping(self) -> AppliedShaping:
         return self._shaping
 
-    def set_profile(self, profile: LinkProfile | str | None, direction: str | None = None) -> None:
+    def set_profile(
+        self,
+        profile: LinkProfile | str | None,
+        direction: str | None = None,
+        *,
+        links: Sequence[LinkProfile | str] | None = None,
+    ) -> None:
         """Only unshaped profiles: a loopback link cannot be shaped."""
-        chosen = as_profile(profile)
-        if chosen.shaped:
-            raise ShapingUnavailable(
-                f"{LABEL}: cannot apply {chosen.describe()!r}; shaping needs network "
-                "namespaces (Testbed), see Testbed.capabilities()"
-            )
+        for chosen in [as_profile(profile), *(as_profile(link) for link in links or ())]:
+            if chosen.shaped:
+                raise ShapingUnavailable(
+                    f"{LABEL}: cannot apply {chosen.describe()!r}; shaping needs network "
+                    "namespaces (Testbed), see Testbed.capabilities()"
+                )
         self._shaping = AppliedShaping(
             profile=PROFILES["none"],
             direction=direction or "both",
@@ -75,13 +82,18 @@ class LoopbackTestbed(BaseTestbed):
     def counters(self) -> Counters:
         tcp = parse_snmp_tcp(self._proc_net("", "snmp"))
         stats = Path("/sys/class/net/lo/statistics")
+
+        def read(key: str) -> int:
+            return int((stats / key).read_text())
+
         lo = LinkCounters(
             node="host",
             ifname="lo",
-            **{
-                key: int((stats / key).read_text())
-                for key in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets")
-            },
+            rx_bytes=read("rx_bytes"),
+            tx_bytes=read("tx_bytes"),
+            rx_packets=read("rx_packets"),
+            tx_packets=read("tx_packets"),
+            role="host",
         )
         return Counters(
             tcp_retrans_segs={"host": tcp["RetransSegs"]},

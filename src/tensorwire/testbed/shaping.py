@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tensorwire.testbed.errors import ShapingUnavailable
@@ -28,6 +29,7 @@ TBF_QUEUE_SECONDS = 0.1  # the queue holds 100 ms at the link rate, a mobile lin
 NETEM_MIN_LIMIT = 1000  # packets, netem's default
 LOSS_SCALE = 1_000_000  # nftables numgen modulus: loss resolution of 1e-6
 DIRECTIONS = ("both", "up", "down")
+TOPOLOGIES = ("star", "shared", "shared-broker-near")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,17 +68,22 @@ def nft_loss_threshold(loss: float) -> int:
     return round(loss * LOSS_SCALE)
 
 
-def nft_loss_script(table: str, ifnames: list[str], loss: float) -> str:
+def nft_loss_script(
+    table: str, ifnames: Sequence[str] | Mapping[str, float], loss: float = 0.0
+) -> str:
     """An ``nft -f`` script that replaces netdev table ``table`` with one ingress chain per
     interface dropping the fraction ``loss`` of IP packets (none if ``loss`` is 0 or no names).
+    ``ifnames`` may map each interface to its own loss instead (devices on mixed links).
 
     Only IP packets: a lost ARP request stalls a flow for a second, which a radio link's
     loss would not."""
     lines = [f"table netdev {table}", f"delete table netdev {table}"]
-    if loss and ifnames:
-        k = nft_loss_threshold(loss)
+    losses = dict(ifnames) if isinstance(ifnames, Mapping) else dict.fromkeys(ifnames, loss)
+    losses = {ifname: fraction for ifname, fraction in losses.items() if fraction}
+    if losses:
         lines.append(f"table netdev {table} {{")
-        for ifname in ifnames:
+        for ifname, fraction in losses.items():
+            k = nft_loss_threshold(fraction)
             lines += [
                 f"  chain {ifname} {{",
                 f'    type filter hook ingress device "{ifname}" priority 0; policy accept;',
@@ -101,23 +108,56 @@ class AppliedShaping:
     loss_by: str | None
     delay_applied: bool
     notes: tuple[str, ...] = ()
+    topology: str = "star"
+    """``star`` (a link per device), ``shared`` (one access link in front of the server, the
+    devices' links behind it) or ``shared-broker-near`` (the same, a broker beside the
+    switch): see :data:`TOPOLOGIES`."""
+    devices: tuple[LinkProfile, ...] = ()
+    """Each device's own link, in device order: ``profile`` on a star unless the devices have
+    profiles of their own; on a shared topology the links behind the shared one (``none``:
+    unshaped)."""
+
+    @property
+    def shared(self) -> LinkProfile | None:
+        """The access link every device shares (``profile``), or None on a star."""
+        return None if self.topology == "star" else self.profile
 
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable dict; :meth:`from_config` restores it."""
         config = dataclasses.asdict(self)
         config["profile"] = self.profile.to_config()
         config["notes"] = list(self.notes)
+        config["devices"] = [p.to_config() for p in self.devices]
         return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AppliedShaping:
-        """The object a :meth:`to_config` dict describes."""
+        """The object a :meth:`to_config` dict describes (older ones without topology and
+        devices too)."""
         return cls(
             **{
                 **config,
                 "profile": LinkProfile.from_config(config["profile"]),
                 "notes": tuple(config["notes"]),
+                "devices": tuple(LinkProfile.from_config(p) for p in config.get("devices", ())),
             }
+        )
+
+    def combined(
+        self, others: Sequence[AppliedShaping], devices: Sequence[LinkProfile], topology: str
+    ) -> AppliedShaping:
+        """This plan (of the main profile) with the notes and mechanisms of ``others`` (the
+        devices' own profiles' plans), for ``topology`` and per-device ``devices``."""
+        plans = [self, *others]
+        notes = tuple(dict.fromkeys(n for plan in plans for n in plan.notes))
+        return dataclasses.replace(
+            self,
+            rate_by=next((p.rate_by for p in plans if p.rate_by), None),
+            loss_by=next((p.loss_by for p in plans if p.loss_by), None),
+            delay_applied=any(p.delay_applied for p in plans),
+            notes=notes,
+            topology=topology,
+            devices=tuple(devices),
         )
 
 
