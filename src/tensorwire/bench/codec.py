@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import blosc2
@@ -38,11 +39,11 @@ def _library_baselines(arr: np.ndarray) -> dict[str, tuple[Callable[[], Any], Ca
     """(compress, decompress) of each library called directly, as most code calls it."""
     lz4_c = lz4.frame.compress(arr)
     zc, zd = zstandard.ZstdCompressor(), zstandard.ZstdDecompressor()
-    zstd_c = zc.compress(arr)
+    zstd_c = zc.compress(arr.data)
     blosc_c = blosc2.compress2(arr, typesize=arr.itemsize)
     return {
         "lz4": (lambda: lz4.frame.compress(arr), lambda: lz4.frame.decompress(lz4_c)),
-        "zstd": (lambda: zc.compress(arr), lambda: zd.decompress(zstd_c)),
+        "zstd": (lambda: zc.compress(arr.data), lambda: zd.decompress(zstd_c)),
         "blosc2": (
             lambda: blosc2.compress2(arr, typesize=arr.itemsize),
             lambda: blosc2.decompress2(blosc_c),
@@ -55,9 +56,9 @@ def bench_codecs(
 ) -> list[dict[str, Any]]:
     """One row per codec: tensorwire vs the library, encode and decode medians (ms)."""
     arr = np.ones((4096, 4096))
-    flat = memoryview(arr.reshape(-1).view(np.uint8))
+    flat = arr.reshape(-1).view(np.uint8).data
     out = np.empty_like(arr)
-    out_view = memoryview(out.reshape(-1).view(np.uint8))
+    out_view = out.reshape(-1).view(np.uint8).data
     baselines = _library_baselines(arr)
     rows = []
     with progress_bar() as bar:
@@ -66,12 +67,12 @@ def bench_codecs(
             bar.update(task, description=f"codec {cid}")
             codec = get_codec({"id": cid}).for_itemsize(arr.itemsize)  # blosc2 shuffles by it
             encoded = codec.encode(flat)
-            enc_s = _median_s(lambda c=codec: c.encode(flat), repeat)
-            dec_s = _median_s(lambda c=codec, e=encoded: c.decode(e, out=out_view), repeat)
+            enc_s = _median_s(partial(codec.encode, flat), repeat)
+            dec_s = _median_s(partial(codec.decode, encoded, out=out_view), repeat)
             assert np.array_equal(out, arr)
             wire = tensorwire.encode({"x": arr}, codec=cid).to_bytes()
-            msg_enc_s = _median_s(lambda c=cid: tensorwire.encode({"x": arr}, codec=c), repeat)
-            msg_dec_s = _median_s(lambda w=wire: tensorwire.decode(w, out={("x",): out}), repeat)
+            msg_enc_s = _median_s(partial(tensorwire.encode, {"x": arr}, codec=cid), repeat)
+            msg_dec_s = _median_s(partial(tensorwire.decode, wire, out={("x",): out}), repeat)
             raw_c, raw_d = baselines[cid]
             raw_enc_s, raw_dec_s = _median_s(raw_c, repeat), _median_s(raw_d, repeat)
             rows.append(

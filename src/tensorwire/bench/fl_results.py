@@ -148,8 +148,8 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
     frame["payload_bytes"] = frame["uplink_bytes"] + frame["downlink_bytes"]
     if "shared_down_bytes" in frame:
         # one model's bytes: the downlink's message bytes over the devices it went to
-        sent = _downlink_messages(transfers)
-        one = frame["downlink_bytes"] / frame["round"].map(sent).replace(0, np.nan)
+        devices: pd.Series = frame["round"].map(_downlink_messages(transfers))
+        one = frame["downlink_bytes"] / devices.replace(0, np.nan)
         frame["shared_down_copies"] = frame["shared_down_bytes"] / one
     frame["wire_bytes"] = frame["wire_down_bytes"] + frame["wire_up_bytes"]
     if "wire_host_bytes" in frame:
@@ -192,7 +192,8 @@ def _downlink_messages(transfers: pd.DataFrame) -> dict[int, int]:
         & (transfers["role"] == "send")
         & (transfers["direction"] == "downlink")
     ]
-    return {int(r): int(n) for r, n in sent.groupby("round")["device"].nunique().items()}
+    counts = sent.groupby("round")["device"].nunique()
+    return {int(r): int(n) for r, n in zip(counts.index, counts, strict=True)}
 
 
 def device_frame(exp_dir: Path) -> pd.DataFrame:

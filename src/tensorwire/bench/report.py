@@ -11,6 +11,7 @@ import base64
 import html
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +179,16 @@ def _problems_html(manifests: dict[str, dict[str, Any]]) -> str:
 
 
 def render(
-    manifests: dict[str, dict[str, Any]], frame: pd.DataFrame, figures: list[FigureFile], out: Path
+    manifests: dict[str, dict[str, Any]],
+    frame: pd.DataFrame,
+    figures: list[FigureFile],
+    out: Path,
+    run_dirs: Sequence[Path] = (),
 ) -> str:
-    """The report page for ``manifests`` (run name -> manifest) and their table."""
+    """The report page for ``manifests`` (run name -> manifest) and their table; the
+    topology / fan-out / mixed-link section from ``run_dirs`` when they have one."""
+    from tensorwire.bench.topology_report import section_html
+
     dims = (["run"] if len(manifests) > 1 else []) + DIMENSIONS
     by = varying(frame, dims) if not frame.empty else []
     table = key_numbers(frame, by) if not frame.empty else pd.DataFrame()
@@ -207,6 +215,7 @@ summed the same way. Written {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <h2>Key numbers</h2>
 <p>Means per round over rounds and repetitions; final accuracy after the last round.</p>
 {_table_html(table, headers) if not table.empty else "<p>No experiment has completed.</p>"}
+{section_html(run_dirs)}
 <h2>Figures</h2>
 {"".join(_figure_html(f, out) for f in figures) or "<p>No figures: no data.</p>"}
 {_problems_html(manifests)}
@@ -251,7 +260,7 @@ def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = draw_figures(frame, out / FIGURES_DIR)
     path = out / REPORT
-    path.write_text(render(manifests, frame, figures, out))
+    path.write_text(render(manifests, frame, figures, out, run_dirs))
     if len(run_dirs) > 1 and not frame.empty:
         frame.to_parquet(out / TABLE, index=False)
     return path

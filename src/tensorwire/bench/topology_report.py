@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -112,18 +113,22 @@ def mixed_links_table(devices: pd.DataFrame) -> pd.DataFrame:
         each = group.groupby(["device", "link"], sort=True)["comm_s"].mean()
         slowest = float(each.max())
         median = float(each.median())
+        # each is indexed by (device, link) pairs, which pandas' stubs type as Hashable
+        slowest_device, slowest_link = cast(tuple[str, str], each.idxmax())
         rows.append(
             {
                 "topology": topology,
                 "protocol": protocol,
                 "links": links,
-                "slowest_device": each.idxmax()[0],
-                "slowest_link": each.idxmax()[1],
+                "slowest_device": slowest_device,
+                "slowest_link": slowest_link,
                 "slowest_s": slowest,
                 "median_s": median,
                 "straggler_s": slowest - median,
                 "straggler_x": slowest / median if median > 0 else np.nan,
-                "per_device": ", ".join(f"{d} ({lk}) {s:.2f} s" for (d, lk), s in each.items()),
+                "per_device": ", ".join(
+                    f"{d} ({lk}) {s:.2f} s" for (d, lk), s in zip(each.index, each, strict=True)
+                ),
             }
         )
     return pd.DataFrame(rows)
@@ -133,6 +138,7 @@ def verdicts(table: pd.DataFrame, fanout: pd.DataFrame, mixed: pd.DataFrame) -> 
     """Short sentences, computed from the tables: who beats tcp where and by how much, what
     sequential unicast costs, and what the slowest link costs each protocol."""
     said = []
+    row: Any  # itertuples() types every field as any scalar; these columns are numbers or text
     for row in table.itertuples():
         if row.protocol in (BASELINE, SEQUENTIAL) or not np.isfinite(row.x_tcp):
             continue
@@ -176,7 +182,8 @@ def section_html(run_dirs: Sequence[Path]) -> str:
     """The report's section on topology, fan-out and mixed links for ``run_dirs`` (empty
     when no run has more than one topology, a sequential baseline or per-device links)."""
     frames = [collect(Path(d)) for d in run_dirs]
-    frame = pd.concat([f for f in frames if not f.empty], ignore_index=True) if frames else None
+    nonempty = [f for f in frames if not f.empty]
+    frame = pd.concat(nonempty, ignore_index=True) if nonempty else None
     device_frames = [collect_devices(Path(d)) for d in run_dirs]
     devices = [f for f in device_frames if not f.empty]
     if frame is None or frame.empty or not devices:

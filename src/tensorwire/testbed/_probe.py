@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 
 from pyroute2 import IPRoute
 
@@ -60,9 +61,7 @@ def main() -> None:
                 ("htb", {"default": 1}),
                 ("netem", {"delay": 1000}),
             ):
-                if attempt(
-                    kind, lambda k=kind, p=params: ipr.tc("add", k, index=index, handle="1:", **p)
-                ):
+                if attempt(kind, partial(ipr.tc, "add", kind, index=index, handle="1:", **params)):
                     ipr.tc("del", index=index, root=True)
             nft = find_tool("nft")
             if nft is None:

@@ -205,10 +205,10 @@ class AgentBackend:
         return AppliedShaping.from_config(config)
 
     def counters(self) -> dict[str, Any]:
-        return self._call("counters")  # type: ignore[no-any-return]
+        return self._call("counters")
 
     def proc_net(self, node: str, name: str) -> str:
-        return self._call("proc_net", node=node, name=name)  # type: ignore[no-any-return]
+        return self._call("proc_net", node=node, name=name)
 
     def close(self) -> None:
         if self._agent.poll() is None:

@@ -118,6 +118,7 @@ from tensorwire.transports.session import (
     Closed,
     Data,
     HubSession,
+    Ignored,
     State,
     Welcomed,
     bye,
@@ -482,7 +483,7 @@ def _say(
             ch.basic_publish("", queue, body, _props(sender), mandatory=True)
         return True
     except (px.UnroutableError, px.NackError) as exc:
-        log.debug("amqp: %s to %r not taken: %r", enc.kind, queue, exc)
+        log.debug("amqp: a session message to %r not taken: %r", queue, exc)
         return False
 
 
@@ -913,7 +914,7 @@ class AmqpHub(Hub):
                 # that opened the session, or one opening another session of this client)
                 payload = _lone_chunk(body)
                 msg = None if payload is None else _session_message(payload)
-                if msg is None or msg.kind != "hello":
+                if payload is None or msg is None or msg.kind != "hello":
                     raise
                 self._on_hello(sender, msg, peer, bytes(payload))
                 return
@@ -937,6 +938,7 @@ class AmqpHub(Hub):
         elif isinstance(event, Closed):
             self._forget(sender, peer, event.reason)
         else:
+            assert isinstance(event, Ignored)  # an open session never joins again
             raise TransportError(event.reason)
 
     def _on_hello(
@@ -967,12 +969,13 @@ class AmqpHub(Hub):
             if self._admin.run(lambda ch: ch.queue_bind(peer.queue, self._fanout)):
                 _say(self._control, peer.queue, peer.session.welcome(), HUB, sealer)
             return
-        queue = meta.get("queue")
+        asked = meta.get("queue")
         ours = (
-            isinstance(queue, str)
-            and queue.startswith(f"{self._queue_prefix}{sender}.")
-            and len(queue.encode()) <= _MAX_NAME
+            isinstance(asked, str)
+            and asked.startswith(f"{self._queue_prefix}{sender}.")
+            and len(asked.encode()) <= _MAX_NAME
         )
+        queue = asked if ours else None  # the queue to answer on: only one of ours
         session = HubSession(**self._session_options())
         try:
             session.receive(msg)  # version, fields, credential
@@ -980,10 +983,10 @@ class AmqpHub(Hub):
                 raise SessionRefused(
                     f"hello names client {meta.get('client_id')!r} but came as {sender!r}"
                 )
-            if not ours:
-                raise SessionRefused(f"hello: queue {queue!r} is not one of this hub's for it")
+            if queue is None:
+                raise SessionRefused(f"hello: queue {asked!r} is not one of this hub's for it")
         except SessionRefused as exc:
-            if ours:
+            if queue is not None:
                 _say(self._control, queue, _refusal(exc, meta.get("session")), HUB)
             self._refused(sender, exc)
             return
@@ -1497,8 +1500,9 @@ class AmqpChannel(Channel):
             item = self._inbox.get(deadline)
             if isinstance(item, Message):
                 return item
+            buf, first = item  # a message with tensors, as _take put it
             try:
-                msg = self._decode_whole(*item, out)
+                msg = self._decode_whole(buf, first, out)
             except WireError as exc:
                 self._dropped(exc)
                 continue

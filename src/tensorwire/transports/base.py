@@ -237,8 +237,8 @@ def dial(
 
     A refusal (:class:`SessionRefused`: wrong version, credential ...) is final and raised at
     once; any other ``OSError`` is retried until ``timeout`` seconds have passed, saying so in
-    the log ("cannot reach WHAT, retrying (n)"), then :class:`TransportTimeout` names the last
-    error.
+    the log ("cannot reach WHAT (why), retrying (n; giving up in S s)"), then
+    :class:`TransportTimeout` names the last error.
     """
     deadline = deadline_after(timeout)
     delay = first_delay
@@ -256,7 +256,8 @@ def dial(
                     f"could not reach {what} within {timeout} s ({attempt} attempts): {exc}"
                 ) from None
             if attempt == 1 or attempt % 10 == 0:
-                log.info("cannot reach %s (%s), retrying (%d)", what, exc, attempt)
+                until = "" if left is None else f"; giving up in {left:.0f} s"
+                log.info("cannot reach %s (%s), retrying (%d%s)", what, exc, attempt, until)
         time.sleep(delay)
         delay = min(delay * 2, max_delay)
 
@@ -653,10 +654,10 @@ class Hub(_Endpoint):
                     out.failed[c] = result
                 else:
                     out[c] = self._note_send(c, enc, result, started)
-        for c, exc in out.failed.items():
-            log.warning("%s: broadcast to %r failed: %s", self.protocol, c, exc)
-            if isinstance(exc, TransportTimeout):
-                self._event("slow", c, f"missed the broadcast deadline: {exc}")
+        for c, err in out.failed.items():
+            log.warning("%s: broadcast to %r failed: %s", self.protocol, c, err)
+            if isinstance(err, TransportTimeout):
+                self._event("slow", c, f"missed the broadcast deadline: {err}")
         return out
 
     def _send_sequentially(
@@ -807,11 +808,10 @@ class Hub(_Endpoint):
                         raise TransportTimeout(f"no stream batch within {timeout} s")
                     self._cond.wait(left)
 
-        yield from receive_stream(
-            next_message,
-            lambda sid, n: self.send(who[0], None, {ACK_KEY: [sid, n]}, timeout=timeout),
-            timeout=timeout,
-        )
+        def send_ack(sid: str, n: int) -> None:
+            self.send(who[0], None, {ACK_KEY: [sid, n]}, timeout=timeout)
+
+        yield from receive_stream(next_message, send_ack, timeout=timeout)
 
     def close(self) -> None:
         """Say goodbye to every client, stop the transport's threads, free the port."""
@@ -960,11 +960,11 @@ class Channel(_Endpoint):
         queued for ``recv``."""
 
         def next_message(deadline: float | None, sid: str | None) -> Message:
-            for i, msg in enumerate(self._stream_held):
-                fields = stream_fields(msg.meta)
+            for i, held in enumerate(self._stream_held):
+                fields = stream_fields(held.meta)
                 if fields is not None and (sid is None or fields[0] == sid):
                     del self._stream_held[i]
-                    return msg
+                    return held
             while True:
                 msg = self._next_from_hub(deadline)
                 if msg is None:
@@ -974,11 +974,10 @@ class Channel(_Endpoint):
                     return msg
                 self._hold_for_recv(msg)
 
-        yield from receive_stream(
-            next_message,
-            lambda sid, n: self.send(None, {ACK_KEY: [sid, n]}, timeout=timeout),
-            timeout=timeout,
-        )
+        def send_ack(sid: str, n: int) -> None:
+            self.send(None, {ACK_KEY: [sid, n]}, timeout=timeout)
+
+        yield from receive_stream(next_message, send_ack, timeout=timeout)
 
     def close(self) -> None:
         raise NotImplementedError
@@ -991,7 +990,7 @@ class Channel(_Endpoint):
 
 
 def _keys(auth: Mapping[str, Any] | str | os.PathLike[str]) -> Keys:
-    return Keys(auth) if isinstance(auth, Mapping) else Keys.load(auth)
+    return Keys(auth) if isinstance(auth, Mapping) else Keys.load(os.fspath(auth))
 
 
 _LOG_EVERY_S = 10.0  # a repeated warning (one peer's junk, say) is logged at most this often

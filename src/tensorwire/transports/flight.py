@@ -81,7 +81,6 @@ from tensorwire.transports.session import (
 )
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import (
-    NEED_DATA,
     EncodedMessage,
     Limits,
     Message,
@@ -348,7 +347,7 @@ class FlightHub(Hub):
             peer = self._open_session(who, context, command, writer) if admitted else None
             if peer is None:
                 return
-            with contextlib.suppress(FLIGHT_ERRORS):  # hung up: the wait below sees it
+            with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
                 writer.begin(SCHEMA)
             if not self._await_uplink(who, context, peer):
                 return
@@ -398,7 +397,7 @@ class FlightHub(Hub):
                 self._sessions.notify_all()
             return peer
         except SessionRefused as exc:
-            with contextlib.suppress(FLIGHT_ERRORS):  # it hung up already
+            with contextlib.suppress(*FLIGHT_ERRORS):  # it hung up already
                 writer.begin(SCHEMA)
                 writer.write_metadata(session.refusal(exc).to_bytes())
             self._refused(who, exc)
@@ -554,7 +553,7 @@ class FlightHub(Hub):
             except WireError as exc:  # one bad message, skipped; the stream goes on
                 self._rejected(peer.client_id, exc)
                 continue
-            if msg is NEED_DATA:
+            if not isinstance(msg, Message):  # NEED_DATA: no whole message buffered yet
                 return None
             if reason := self._act(peer, msg):
                 return reason
@@ -785,7 +784,7 @@ class FlightChannel(Channel):
         except FLIGHT_ERRORS as exc:
             client.close()
             raise TransportError(f"cannot open a session with {self.url}: {exc}") from None
-        with contextlib.suppress(FLIGHT_ERRORS):  # no hub there: the reader says so
+        with contextlib.suppress(*FLIGHT_ERRORS):  # no hub there: the reader says so
             down_writer.done_writing()  # before the reader starts: it may then finish the call
             up.begin(SCHEMA)
         s = _Session(
@@ -873,7 +872,7 @@ class FlightChannel(Channel):
             if not s.stream.in_message:
                 s.stream.set_out(out)
             msg = s.stream.next_event()  # a bad message raises its WireError; the stream goes on
-            if msg is not NEED_DATA:
+            if isinstance(msg, Message):  # else NEED_DATA: no whole message buffered yet
                 if msg.kind == "data":
                     return msg
                 if isinstance(s.session.receive(msg), Closed):
@@ -905,14 +904,14 @@ class FlightChannel(Channel):
             s.thread.join(timeout=5)
         with self._send_lock:
             for closable in (s.down_writer, s.up, s.client):
-                with contextlib.suppress(FLIGHT_ERRORS):
+                with contextlib.suppress(*FLIGHT_ERRORS):
                     closable.close()
 
     def close(self) -> None:
         """Say goodbye to the hub and end the session."""
         s = self._session
         if s is not None:
-            with self._send_lock, contextlib.suppress(FLIGHT_ERRORS):
+            with self._send_lock, contextlib.suppress(*FLIGHT_ERRORS):
                 s.up.write_metadata(bye().to_bytes())
                 s.up.done_writing()
             if s.thread is not None:

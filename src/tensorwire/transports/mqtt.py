@@ -52,9 +52,9 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
@@ -357,7 +357,8 @@ class _Chunks:
 
     def __init__(self, max_message_bytes: int, timeout: float) -> None:
         self._chunks = ChunkReassembler(max_message_bytes=max_message_bytes, timeout=timeout)
-        self._first: dict[tuple[str, int], float] = {}  # (topic, message id) of pending ones
+        # (topic, message id) of the pending ones: when their first chunk came
+        self._first: dict[tuple[Hashable, int], float] = {}
         self._lock = threading.Lock()
 
     def feed(self, payload: bytes, topic: str) -> tuple[np.ndarray, float] | None:
@@ -430,13 +431,15 @@ class _Link:
             protocol=MQTTProtocolVersion.MQTTv5,
         )
         client.suppress_exceptions = True  # a callback's bug is logged, never ends the thread
-        client.reconnect_delay_set(*RECONNECT_DELAY_S)
+        # paho's hints say int seconds; its backoff works in float seconds
+        client.reconnect_delay_set(*RECONNECT_DELAY_S)  # type: ignore[arg-type]
         if settings.username is not None:
             client.username_pw_set(settings.username, settings.password)
         if tls is not None:
             context = tls.client_context()
             named = context if tls.server_name is None else _ServerNamed(context, tls.server_name)
-            client.tls_set_context(named)
+            # _ServerNamed has what paho uses of a context: check_hostname and wrap_socket
+            client.tls_set_context(named)  # type: ignore[arg-type]
         client.on_socket_open = _no_delay
         client.on_connect = self._connected
         client.on_disconnect = self._disconnected
@@ -454,7 +457,9 @@ class _Link:
 
     def _received(self, _c: Any, _u: Any, msg: paho.MQTTMessage) -> None:
         _run_safely(
-            lambda: self._on_message(msg.topic, msg.payload, bool(msg.dup)), "handling a message"
+            # a received PUBLISH's payload is bytes (paho unpacks it with struct)
+            lambda: self._on_message(msg.topic, cast(bytes, msg.payload), bool(msg.dup)),
+            "handling a message",
         )
 
     def _connected(self, client: Any, _u: Any, flags: Any, reason: Any, props: Any) -> None:
@@ -581,6 +586,7 @@ class _Link:
             rc, mid = self._client.subscribe([(t, self.settings.qos) for t in topics])
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 raise PeerGone(f"could not subscribe to {topics}: {paho.error_string(rc)}")
+            assert mid is not None  # paho gives a message id with MQTT_ERR_SUCCESS
             self._subacks[mid] = None
             try:  # paho does not repeat a SUBSCRIBE the lost connection took with it
                 self._cond.wait_for(
@@ -740,7 +746,7 @@ class _Link:
             self._client.disconnect(properties=props)
         else:
             sock = self._client.socket()
-            if sock is not None:
+            if isinstance(sock, socket.socket):  # a plain or TLS socket: paho's TCP transport
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
         self._client.loop_stop()  # the network thread closes the socket as it ends

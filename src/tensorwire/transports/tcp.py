@@ -20,7 +20,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
@@ -122,7 +122,10 @@ class TcpHub(Hub):
         deadline = deadline_after(HANDSHAKE_TIMEOUT)
         tls_name = None
         if self._ssl is not None:
-            conn = wrap_tls(conn, self._ssl, server_side=True, deadline=deadline)
+            # a TlsStream stands in for the socket: stream_socket's functions take either
+            conn = cast(
+                socket.socket, wrap_tls(conn, self._ssl, server_side=True, deadline=deadline)
+            )
             tls_name = peer_common_name(conn)
         reader = StreamReader(conn, MessageStream(limits=HELLO_LIMITS, codec_lookup=get_codec))
         session = HubSession(**self._session_options(), tls_name=tls_name)
@@ -253,8 +256,11 @@ class TcpChannel(Channel):
         if self._ssl is not None:
             assert self.tls is not None
             name = self.tls.server_name or self._address[0]
-            sock = wrap_tls(
-                sock, self._ssl, server_side=False, server_hostname=name, deadline=deadline
+            sock = cast(  # a TlsStream stands in for the socket, as in _handshake
+                socket.socket,
+                wrap_tls(
+                    sock, self._ssl, server_side=False, server_hostname=name, deadline=deadline
+                ),
             )
         session = self._client_session(f"the hub at {self.url}")
         reader = StreamReader(sock, MessageStream(limits=self.limits, codec_lookup=get_codec))

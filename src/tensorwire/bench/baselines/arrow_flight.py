@@ -51,7 +51,7 @@ class Sender:
     def once(self, arr: np.ndarray) -> float:
         if self._client is None:
             self._connect()
-        batch = _batch(memoryview(arr.reshape(-1).view(np.uint8)))
+        batch = _batch(arr.reshape(-1).view(np.uint8).data)
         t = time.perf_counter()
         self._writer.write_batch(batch)
         self._acks.read()

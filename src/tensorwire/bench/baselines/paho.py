@@ -101,7 +101,7 @@ class Sender:
         if arr.nbytes <= self._max_payload:
             self._client.publish(self._topic, arr.tobytes(), qos=1)
         else:
-            data = memoryview(arr.reshape(-1).view(np.uint8))
+            data = arr.reshape(-1).view(np.uint8).data
             for offset in range(0, len(data), self._max_payload):
                 piece = data[offset : offset + self._max_payload]
                 payload = _PART.pack(len(data), offset) + piece.tobytes()
@@ -126,6 +126,7 @@ def receive(args: list[str]) -> None:
         if not payload:  # the sender is done (or gone: its will)
             c.disconnect()
             return
+        data: bytes | bytearray | memoryview
         if msg.topic == topic:
             total, offset, data = len(payload), 0, payload
         else:

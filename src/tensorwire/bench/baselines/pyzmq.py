@@ -26,7 +26,7 @@ class Sender:
         self.receiver_args = ["127.0.0.1", str(port)]
 
     def once(self, arr: np.ndarray) -> float:
-        view = memoryview(arr.reshape(-1).view(np.uint8))
+        view = arr.reshape(-1).view(np.uint8).data
         t = time.perf_counter()
         self._sock.send(view, copy=False)
         self._sock.recv()
@@ -47,7 +47,7 @@ def receive(args: list[str]) -> None:
     try:
         while sock.poll(_IDLE_MS):
             frame = sock.recv(copy=False)
-            data = np.frombuffer(frame, np.uint8)
+            data = np.frombuffer(frame.buffer, np.uint8)
             if not data.nbytes:
                 return
             if buf.nbytes != data.nbytes:

@@ -37,7 +37,7 @@ class Sender:
         t = time.perf_counter()
         if self._shm is None or self._shm.size < src.nbytes:
             self._replace(src.nbytes)
-        assert self._shm is not None
+        assert self._shm is not None and self._shm.buf is not None
         np.copyto(np.frombuffer(self._shm.buf, np.uint8, src.nbytes), src)
         self._sock.sendall(_NOTE.pack(src.nbytes, self._shm.name.encode()))
         self._sock.recv_into(self._ack)
@@ -80,6 +80,7 @@ def receive(args: list[str]) -> None:
                 resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
             if buf.nbytes != n:
                 buf = np.empty(n, np.uint8)
+            assert shm.buf is not None  # open until the finally below
             np.copyto(buf, np.frombuffer(shm.buf, np.uint8, n))
             sock.sendall(b"k")
     finally:

@@ -240,6 +240,7 @@ class MosquittoBroker:
     def _tls_lines(self, binary: str) -> dict[str, str]:
         if self.tls is None:
             return {}
+        assert self.tls.cert is not None and self.tls.key is not None  # checked in __init__
         lines = {
             "certfile": str(Path(self.tls.cert).resolve()),
             "keyfile": str(Path(self.tls.key).resolve()),
