@@ -4,34 +4,50 @@ Like Dask's ``maybe_compress``, :class:`AutoCodec` compresses a few evenly sprea
 the tensor instead of the whole of it. Unlike Dask, it tries several codecs and weighs
 what each would cost in seconds — compressing, sending the smaller payload over a link of
 the given bandwidth, decompressing — against sending the tensor raw, and keeps the fastest.
+
+The choice is made once per stream (name, dtype, shape, context: see
+:mod:`tensorwire.codecs.streams`) and kept for the next messages of that stream; it is
+re-weighed without sampling when the bandwidth changes, and sampled again only now and
+then or when a codec stops achieving what its sample promised.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tensorwire.codecs.abc import Codec
-from tensorwire.codecs.blocked import BlockedCodec
 from tensorwire.codecs.blosc2 import Blosc2
 from tensorwire.codecs.lz4 import LZ4
+from tensorwire.codecs.sampling import Trial, sample_bytes
+from tensorwire.codecs.streams import (
+    MAX_STREAMS,
+    RECHECK_BYTES,
+    RECHECK_EVERY,
+    ContextSelector,
+    Recheck,
+    StreamChoice,
+    StreamChoices,
+    StreamKey,
+    stream_key,
+)
 from tensorwire.codecs.threads import get_threads
 from tensorwire.codecs.zstd import Zstd
 from tensorwire.errors import CodecConfigError
 
-NSAMPLES = 8
-"""Pieces sampled per tensor, spread evenly from its first byte to its last."""
-MIN_SAMPLE_BYTES = 16 << 10
-MAX_SAMPLE_BYTES = 64 << 10
-"""Sample size bounds in bytes; in between, a sample is 1/1024 of the tensor."""
+REWEIGH = 0.05
+"""A stream's choice is re-weighed once the bandwidth moved by more than this fraction."""
+TIE_MARGIN = 0.5
+"""An earlier option (raw, then the candidates cheapest first) is kept unless a later one
+is faster by more than this fraction of the two's codec seconds: timing noise on a busy
+machine moves those by tens of percent, and must not flip the choice."""
 _PARALLEL_BLOCK = 1 << 20  # bytes of work a codec gives each thread at least
 _WARM_UP = memoryview(np.zeros(4096, dtype=np.uint8))  # compressible by every codec
-_CALIBRATION_RUNS = 3
+_TIMED_RUNS = 3  # runs of a codec that can win, on a sample: the fastest one counts
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,13 @@ class CodecEstimate:
     """False when the codec saves less than ``min_saving`` of the bytes."""
 
     @property
+    def codec_seconds(self) -> float:
+        """Encode + decode seconds: the measured part of the total (infinite if unmeasured)."""
+        if self.decode_seconds is None:
+            return math.inf
+        return self.encode_seconds + self.decode_seconds
+
+    @property
     def total_seconds(self) -> float:
         """Encode + wire + decode seconds; infinite if not eligible or not fully measured."""
         if not self.eligible or self.decode_seconds is None:
@@ -67,6 +90,15 @@ class AutoCodec:
     level 1) are tried cheapest first, each set up for the tensor's itemsize
     (:meth:`Codec.for_itemsize`). Use it wherever a ``CodecSelector`` is expected:
     ``auto(name, array)``.
+
+    Each stream (name, dtype, shape and an optional ``context`` such as the peer) is
+    sampled on its first message and keeps its choice: re-weighed on the same sample when
+    the bandwidth moves by more than 5 %, sampled again after ``recheck_every`` messages
+    once the stream has carried ``recheck_bytes`` since, or when :meth:`observe` hears
+    that the chosen codec drifted from its sampled ratio. An earlier option (raw, then the
+    candidates in order) wins unless a later one is faster by more than ``tie_margin`` of
+    the two's measured codec seconds, so the same input and bandwidth give the same choice
+    run to run. ``max_streams`` bounds the streams remembered.
     """
 
     def __init__(
@@ -75,19 +107,31 @@ class AutoCodec:
         candidates: Sequence[Codec] | None = None,
         min_size: int = 64 << 10,
         min_saving: float = 0.10,
+        *,
+        recheck_every: int = RECHECK_EVERY,
+        recheck_bytes: int = RECHECK_BYTES,
+        max_streams: int = MAX_STREAMS,
+        tie_margin: float = TIE_MARGIN,
     ) -> None:
         self.bandwidth = bandwidth
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
             raise CodecConfigError(f"min_size must be an int >= 0 (bytes), got {min_size!r}")
         if not 0.0 <= min_saving < 1.0:
             raise CodecConfigError(f"min_saving must be in [0, 1), got {min_saving!r}")
+        if not 0.0 <= tie_margin < 1.0:
+            raise CodecConfigError(f"tie_margin must be in [0, 1), got {tie_margin!r}")
         if candidates is not None and not all(isinstance(c, Codec) for c in candidates):
             raise CodecConfigError("candidates must be tensorwire.codecs.Codec instances")
         self.min_size = min_size
         self.min_saving = min_saving
+        self.tie_margin = tie_margin
+        self.recheck = Recheck(recheck_every, recheck_bytes)
         self._candidates = None if candidates is None else list(candidates)
-        self._by_itemsize: dict[int, list[_Candidate]] = {}
+        self._by_itemsize: dict[int, list[Codec]] = {}
         self._lock = threading.Lock()
+        self._streams = StreamChoices(max_streams)
+        self.samples = 0
+        """How many times a tensor was sampled (every stream's first message and rechecks)."""
 
     @property
     def bandwidth(self) -> float:
@@ -107,27 +151,103 @@ class AutoCodec:
 
     def candidates_for(self, itemsize: int) -> list[Codec]:
         """Return the candidates tried for tensors of ``itemsize``-byte elements, in order."""
-        return [candidate.codec for candidate in self._calibrated(itemsize)]
-
-    def _calibrated(self, itemsize: int) -> list[_Candidate]:
         with self._lock:
             found = self._by_itemsize.get(itemsize)
             if found is None:
                 base = self._candidates
                 if base is None:
                     base = _default_candidates(itemsize)
-                found = [_Candidate(c.for_itemsize(itemsize), itemsize) for c in base]
+                found = [c.for_itemsize(itemsize) for c in base]
+                scratch = np.empty(_WARM_UP.nbytes, dtype=np.uint8).data
+                for codec in found:  # a codec's first run sets up its contexts: not timed
+                    Trial(codec, _WARM_UP, itemsize).decode_seconds(scratch)
                 self._by_itemsize[itemsize] = found
-            return found
+            return list(found)
 
-    def select(self, name: str, array: np.ndarray) -> list[Codec]:
-        """Return the codec chain for ``array``: ``[]`` (raw) or ``[fastest codec]``."""
-        if array.nbytes < self.min_size:
+    def select(self, name: str, array: np.ndarray, context: Hashable = None) -> list[Codec]:
+        """Return the codec chain for ``array``: ``[]`` (raw) or ``[fastest codec]``.
+
+        ``context`` (any hashable, e.g. a peer id) keeps separate choices for the same
+        tensor sent to different places.
+        """
+        nbytes = array.nbytes
+        if nbytes < self.min_size:
             return []
-        best = min(self.estimate(array), key=lambda e: e.total_seconds)
-        return [] if best.codec is None else [best.codec]
+        key = stream_key(name, array, context)
+        choice = self._streams.get(key)
+        if choice is None or choice.due(self.recheck) or not self._current(choice):
+            choice = self._sample(key, array)
+        choice.count(nbytes)
+        return list(choice.chain)
 
     __call__ = select
+
+    def observe(
+        self,
+        name: str,
+        array: np.ndarray,
+        chain: Sequence[Codec],
+        encoded_nbytes: int,
+        context: Hashable = None,
+    ) -> None:
+        """Hear what the chain chosen for ``array`` achieved (the wire encoder calls this):
+        a ratio that drifted from the sample's makes the stream sampled again next time."""
+        choice = self._streams.get(stream_key(name, array, context))
+        if choice is not None and choice.chain and chain and chain[0] is choice.chain[0]:
+            choice.achieved(encoded_nbytes / max(array.nbytes, 1), self.recheck)
+
+    def for_context(self, context: Hashable) -> ContextSelector:
+        """This selector with ``context`` bound: ``(name, array)`` in, as the wire wants."""
+        return ContextSelector(self, context)
+
+    def forget(self) -> None:
+        """Drop every stream's choice: the next message of each is sampled again."""
+        self._streams.clear()
+
+    def _sample(self, key: StreamKey, array: np.ndarray) -> StreamChoice:
+        self.samples += 1
+        sampled = _Sampled(self.estimate(array), array.nbytes, self._bandwidth)
+        best = self._pick(sampled.estimates)
+        choice = StreamChoice([] if best.codec is None else [best.codec], best.ratio, sampled)
+        self._streams.put(key, choice)
+        return choice
+
+    def _current(self, choice: StreamChoice) -> bool:
+        """Whether ``choice`` is for the current bandwidth, once re-weighed on its sample if
+        the bandwidth changed; False if a candidate whose decoding was not timed could now
+        win (then the stream is sampled again)."""
+        sampled: _Sampled = choice.state
+        bandwidth = self._bandwidth
+        if bandwidth == sampled.bandwidth or abs(bandwidth - sampled.bandwidth) <= (
+            REWEIGH * sampled.bandwidth
+        ):
+            return True
+        estimates = [
+            replace(e, wire_seconds=e.ratio * sampled.nbytes / bandwidth) for e in sampled.estimates
+        ]
+        best = min(e.total_seconds for e in estimates)
+        if any(
+            e.eligible and e.decode_seconds is None and e.encode_seconds + e.wire_seconds < best
+            for e in estimates
+        ):
+            return False
+        pick = self._pick(estimates)
+        choice.chain = [] if pick.codec is None else [pick.codec]
+        choice.ratio = pick.ratio
+        choice.state = _Sampled(estimates, sampled.nbytes, bandwidth)
+        return True
+
+    def _pick(self, estimates: list[CodecEstimate]) -> CodecEstimate:
+        """The first estimate (raw first) no slower than the fastest by more than
+        ``tie_margin`` of the two's codec seconds (the part timing noise moves)."""
+        best = min(estimates, key=lambda e: e.total_seconds)
+        return next(
+            e
+            for e in estimates
+            if e.total_seconds < math.inf
+            and e.total_seconds
+            <= best.total_seconds + self.tie_margin * (e.codec_seconds + best.codec_seconds)
+        )
 
     def estimate(self, array: np.ndarray) -> list[CodecEstimate]:
         """Estimate raw (first) and every candidate for ``array`` from one sample of it."""
@@ -136,22 +256,26 @@ class AutoCodec:
         estimates = [raw]
         if nbytes == 0:
             return estimates
-        sample = memoryview(_sample(array))
+        sample = memoryview(sample_bytes(array))
         scratch = memoryview(np.empty(sample.nbytes, dtype=np.uint8))
         # Seconds on the sample scale to the tensor, spread over the threads it will use.
+        # The sample is big enough (64 KiB) for a codec's fixed cost per call to be a
+        # small part of its time: scaling that part too errs a little towards raw.
         scale = nbytes / sample.nbytes / max(1, min(get_threads(), nbytes // _PARALLEL_BLOCK))
         best = raw.total_seconds
-        for candidate in self._calibrated(array.itemsize):
-            trial = _Trial(candidate.codec, sample, array.itemsize)
+        for codec in self.candidates_for(array.itemsize):
+            trial = Trial(codec, sample, array.itemsize)
             ratio = trial.encoded_nbytes / sample.nbytes
-            encode_seconds = candidate.scaled_encode(trial.encode_seconds, scale)
-            wire_seconds = ratio * nbytes / bandwidth
             eligible = 1.0 - ratio >= self.min_saving
+            if eligible:  # its seconds count: time it again, keep the fastest
+                trial.time_more(_TIMED_RUNS - 1)
+            encode_seconds = trial.encode_seconds * scale
+            wire_seconds = ratio * nbytes / bandwidth
             decode_seconds = None
             if eligible and encode_seconds + wire_seconds < best:
-                decode_seconds = candidate.scaled_decode(trial.decode_seconds(scratch), scale)
+                decode_seconds = trial.decode_seconds(scratch, _TIMED_RUNS) * scale
             estimate = CodecEstimate(
-                candidate.codec, ratio, encode_seconds, wire_seconds, decode_seconds, eligible
+                codec, ratio, encode_seconds, wire_seconds, decode_seconds, eligible
             )
             best = min(best, estimate.total_seconds)
             estimates.append(estimate)
@@ -164,48 +288,13 @@ class AutoCodec:
         )
 
 
-class _Trial:
-    """One codec run on a sample: its size and seconds, decoding only when asked."""
+@dataclass(frozen=True)
+class _Sampled:
+    """A stream's sample, as estimates at ``bandwidth`` for a tensor of ``nbytes``."""
 
-    def __init__(self, codec: Codec, sample: memoryview, itemsize: int) -> None:
-        self.codec = codec
-        # A blocked codec is timed on one block, without the container: on a sample
-        # smaller than a block, the container's fixed cost would be scaled up with it.
-        self.block = isinstance(codec, BlockedCodec) and sample.nbytes <= codec.block_size
-        start = time.perf_counter()
-        if self.block:
-            self.encoded = codec._compress_block(sample, itemsize)
-        else:
-            self.encoded = codec.encode(sample)
-        self.encode_seconds = time.perf_counter() - start
-        self.encoded_nbytes = memoryview(self.encoded).nbytes
-
-    def decode_seconds(self, scratch: memoryview) -> float:
-        start = time.perf_counter()
-        if self.block:
-            self.codec._decompress_block(memoryview(self.encoded), scratch)
-        else:
-            self.codec.decode(self.encoded, out=scratch)
-        return time.perf_counter() - start
-
-
-class _Candidate:
-    """A candidate codec and its fixed cost per call, which does not grow with the data."""
-
-    def __init__(self, codec: Codec, itemsize: int) -> None:
-        self.codec = codec
-        # The first run sets up contexts; the best of the next few is the fixed cost.
-        scratch = memoryview(np.empty(_WARM_UP.nbytes, dtype=np.uint8))
-        _Trial(codec, _WARM_UP, itemsize).decode_seconds(scratch)
-        trials = [_Trial(codec, _WARM_UP, itemsize) for _ in range(_CALIBRATION_RUNS)]
-        self.encode_overhead = min(t.encode_seconds for t in trials)
-        self.decode_overhead = min(t.decode_seconds(scratch) for t in trials)
-
-    def scaled_encode(self, seconds: float, scale: float) -> float:
-        return max(seconds - self.encode_overhead, 0.0) * scale + self.encode_overhead
-
-    def scaled_decode(self, seconds: float, scale: float) -> float:
-        return max(seconds - self.decode_overhead, 0.0) * scale + self.decode_overhead
+    estimates: list[CodecEstimate]
+    nbytes: int
+    bandwidth: float
 
 
 def _check_bandwidth(bytes_per_second: float) -> float:
@@ -225,22 +314,3 @@ def _default_candidates(itemsize: int) -> list[Codec]:
     # Cheapest first, so that later, slower ones are often ruled out on encode time alone.
     shuffled: list[Codec] = [Blosc2(cname="lz4", filter="shuffle")] if itemsize > 1 else []
     return [LZ4(), *shuffled, Blosc2(cname="lz4", filter="bitshuffle"), Zstd(level=1)]
-
-
-def _sample(array: np.ndarray) -> np.ndarray:
-    """Return evenly spread pieces of ``array``'s bytes, element aligned, as one uint8 array."""
-    nbytes, itemsize = array.nbytes, array.itemsize
-    total = min(max(nbytes // 1024, MIN_SAMPLE_BYTES), MAX_SAMPLE_BYTES)
-    contiguous = array.flags.c_contiguous or array.flags.f_contiguous
-    if nbytes <= total:
-        whole = array if contiguous else np.ascontiguousarray(array)
-        return whole.reshape(-1, order="A").view(np.uint8)
-    count = max(1, total // NSAMPLES // itemsize)  # elements per piece
-    starts = np.linspace(0, array.size - count, NSAMPLES).astype(np.int64).tolist()
-    if contiguous:
-        flat = array.reshape(-1, order="A")
-        pieces = [flat[s : s + count] for s in starts]
-    else:
-        # .flat slices copy just the piece, in C order, without copying the whole array.
-        pieces = [array.flat[s : s + count] for s in starts]
-    return np.concatenate(pieces).view(np.uint8)

@@ -282,6 +282,26 @@ class _Member:
     session: object  # the connection it joined on (see Hub._joined)
 
 
+class _DecodableCodecs:
+    """An endpoint's codec selector kept to the codecs a peer decodes (a chain with any other
+    goes raw); what a chain achieved goes back to the selector (``auto`` and named codecs
+    watch their streams by it, see ``tensorwire.codecs.streams``)."""
+
+    def __init__(self, selector: CodecSelector, decoders: frozenset[str]) -> None:
+        self.selector = selector
+        self.decoders = decoders
+
+    def __call__(self, name: str, arr: Any) -> list[Any]:
+        chain = list(self.selector(name, arr))
+        ids = (getattr(c, "codec_id", None) or c.get_config()["id"] for c in chain)
+        return chain if all(i in self.decoders for i in ids) else []
+
+    def observe(self, name: str, arr: Any, chain: list[Any], encoded_nbytes: int) -> None:
+        observe = getattr(self.selector, "observe", None)
+        if observe is not None:
+            observe(name, arr, chain, encoded_nbytes)
+
+
 class _Endpoint:
     """Codec policy, limits and records shared by hubs and channels."""
 
@@ -315,12 +335,7 @@ class _Endpoint:
     ) -> EncodedMessage:
         """Encode with this endpoint's codecs, keeping to those the peer can decode; a message
         larger than the peer accepts raises :class:`MessageTooLarge` here, at the sender."""
-        selector = self.selector
-
-        def allowed(name: str, arr: Any) -> list[Any]:
-            chain = list(selector(name, arr))
-            return chain if all(c.get_config()["id"] in peer_decoders for c in chain) else []
-
+        allowed = _DecodableCodecs(self.selector, peer_decoders)
         enc = encode_message(tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind)
         if peer_max_bytes is not None and enc.nbytes > peer_max_bytes:
             raise MessageTooLarge(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,11 +34,13 @@ from tensorwire.wire.format import (
     PREFIX_SIZE,
     Limits,
     MessagePlan,
+    Prefix,
     TensorSpec,
     parse_header,
     parse_prefix,
     verify_header,
 )
+from tensorwire.wire.plans import TensorTable
 from tensorwire.wire.pool import BufferPool
 from tensorwire.wire.tensors import TensorPath, map_leaves, to_torch, unflatten
 
@@ -54,13 +56,16 @@ NEED_DATA: Final = _NeedData()
 """Returned by ``MessageStream.next_event`` when no complete message is buffered."""
 
 
-@dataclass
-class Message:
+@dataclass(eq=False)
+class Message(Mapping[str, Any]):
     """A decoded message: nested ``tensors`` (numpy arrays) and ``meta``.
 
-    ``decode_s`` is the CPU time spent decoding (header, checksums, codecs), seconds;
-    ``recv_s`` the time from its first byte arriving to its last tensor decoded, seconds
-    (0 for :func:`decode_message`); ``t0`` the sender's clock when it began encoding.
+    A message is a read-only mapping of its top-level names to its tensors (or to dicts of
+    them, for nested names): ``msg["x"]``, ``"x" in msg``, ``len(msg)``, ``dict(msg)``,
+    ``msg.keys()``, iteration. ``decode_s`` is the CPU time spent decoding (header,
+    checksums, codecs), seconds; ``recv_s`` the time from its first byte arriving to its
+    last tensor decoded, seconds (0 for :func:`decode_message`); ``t0`` the sender's clock
+    when it began encoding.
     """
 
     tensors: dict[str, Any]
@@ -77,6 +82,15 @@ class Message:
 
     def __getitem__(self, name: str) -> Any:
         return self.tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
 
     def to_torch(self) -> dict[str, Any]:
         """The tensors as torch tensors (sharing memory where torch allows), same nesting."""
@@ -178,32 +192,51 @@ def decode_message(
     new arrays (or into ``out``). Every malformed input raises a ``WireError`` subclass.
     """
     start = time.perf_counter()
-    pool = pool or _DEFAULT_POOL
     mv = memoryview(buf)
     if mv.ndim != 1 or mv.format != "B":
         mv = mv.cast("B")
     if len(mv) < PREFIX_SIZE:
         raise TruncatedMessage(f"{len(mv)} bytes is shorter than the {PREFIX_SIZE}-byte prefix")
     prefix = parse_prefix(mv, limits)
+    return _decode_whole(mv, prefix, start, limits, codec_lookup, out, copy, pool or _DEFAULT_POOL)
+
+
+def _decode_whole(
+    mv: memoryview,
+    prefix: Prefix,
+    start: float,
+    limits: Limits,
+    codec_lookup: CodecLookup | None,
+    out: Mapping[TensorPath, np.ndarray] | None,
+    copy: bool,
+    pool: BufferPool,
+) -> Message:
+    """:func:`decode_message` once the prefix is parsed."""
     end_header = PREFIX_SIZE + prefix.header_length
     total = end_header + prefix.body_length
     if len(mv) < total:
         raise TruncatedMessage(f"message is {total} bytes but only {len(mv)} were given")
     if len(mv) > total:
         raise MalformedHeader(f"{len(mv) - total} bytes follow the end of the message")
-    verify_header(mv[PREFIX_SIZE:end_header], prefix)
-    plan = parse_header(mv[PREFIX_SIZE:end_header], prefix, limits)
-    chains = [resolve_chain(spec, codec_lookup) for spec in plan.tensors]
-    items: list[tuple[TensorPath, np.ndarray]] = []
+    header = mv[PREFIX_SIZE:end_header]
+    verify_header(header, prefix)
+    plan = parse_header(header, prefix, limits)
+    table = plan.table
+    chains = None
+    if table.compressed:
+        chains = [resolve_chain(spec, codec_lookup) for spec in table.specs]
+    arrays: list[np.ndarray] = []
     offset = end_header
-    for spec, chain in zip(plan.tensors, chains, strict=True):
+    digests = plan.digests
+    for i, spec in enumerate(table.specs):
         encoded = mv[offset : offset + spec.size]
         offset += spec.size
-        if plan.digests:
+        if digests:
             _check_digest(
                 spec, xxhash.xxh3_64_intdigest(encoded), mv[offset : offset + DIGEST_SIZE]
             )
             offset += DIGEST_SIZE
+        chain = chains[i] if chains is not None else None
         if not chain and not copy and (out is None or spec.path not in out):
             arr = np.frombuffer(encoded, spec.dtype).reshape(spec.shape, order=spec.order)
         else:
@@ -212,18 +245,25 @@ def decode_message(
                 decode_chain(spec, chain, encoded, byte_view(arr, spec.order), pool)
             else:
                 byte_view(arr, spec.order)[:] = encoded
-        items.append((spec.path, arr))
+        arrays.append(arr)
     return Message(
-        tensors=unflatten(items),
+        tensors=_tree(table, arrays),
         meta=plan.meta,
         kind=plan.kind,
         t0=plan.t0,
-        nbytes=plan.nbytes,
+        nbytes=table.nbytes,
         wire_nbytes=plan.wire_nbytes,
         decode_s=time.perf_counter() - start,
-        n_tensors=len(plan.tensors),
-        codec_label=plan.codec_label,
+        n_tensors=len(arrays),
+        codec_label=table.codec_label,
     )
+
+
+def _tree(table: TensorTable, arrays: list[np.ndarray]) -> dict[str, Any]:
+    """The message's (nested) dict of tensors, given its arrays in body order."""
+    if table.flat_names is not None:
+        return dict(zip(table.flat_names, arrays, strict=True))
+    return unflatten([(s.path, a) for s, a in zip(table.specs, arrays, strict=True)])
 
 
 # Stream phases.
@@ -316,13 +356,15 @@ class MessageStream:
             return 0
         t_first = time.perf_counter()
         try:
-            msg = decode_message(
+            msg = _decode_whole(
                 mv[:total],
-                limits=self.limits,
-                codec_lookup=self.codec_lookup,
-                out=self._out,
-                copy=True,
-                pool=self.pool,
+                prefix,
+                t_first,
+                self.limits,
+                self.codec_lookup,
+                self._out,
+                True,
+                self.pool,
             )
         except HeaderCheckMismatch:
             self.broken = True
@@ -359,7 +401,7 @@ class MessageStream:
         self._index = -1
         self._decode_s = 0.0
         self._t_first = 0.0
-        self._items: list[tuple[TensorPath, np.ndarray]] = []
+        self._items: list[np.ndarray] = []
         self._enter(_PREFIX, memoryview(self._small))
 
     def _step(self) -> None:
@@ -461,7 +503,7 @@ class MessageStream:
             return
         self._decode_s += time.perf_counter() - t
         self._release_scratch()
-        self._items.append((spec.path, self._arr))
+        self._items.append(self._arr)
         self._next_tensor()
 
     def _body_left_after(self, index: int) -> int:
@@ -483,7 +525,7 @@ class MessageStream:
             assert plan is not None
             self._events.append(
                 Message(
-                    tensors=unflatten(self._items),
+                    tensors=_tree(plan.table, self._items),
                     meta=plan.meta,
                     kind=plan.kind,
                     t0=plan.t0,

@@ -11,11 +11,13 @@ import numpy as np
 import xxhash
 
 from tensorwire.wire.codec import CodecSelector
-from tensorwire.wire.dtypes import name_of_dtype
-from tensorwire.wire.format import DIGEST_SIZE, build_header, codec_label, pack_prefix
-from tensorwire.wire.tensors import flatten, to_numpy
+from tensorwire.wire.format import DIGEST_SIZE, assemble_header, pack_prefix
+from tensorwire.wire.plans import ShapeKey, array_header, encode_plan
+from tensorwire.wire.tensors import TensorPath, flatten, to_numpy
 
 _U64 = struct.Struct("<Q")
+
+_BUFFER_KINDS = frozenset("biufc")  # dtype kinds the buffer protocol exports (not bfloat16's)
 
 SEGMENT_BYTES = 1 << 20
 """Pieces a big tensor is hashed and sent in: small enough to stay in cache between the two."""
@@ -23,6 +25,8 @@ SEGMENT_BYTES = 1 << 20
 
 def byte_view(arr: np.ndarray, order: str) -> memoryview:
     """A flat uint8 memoryview of a contiguous array's memory, in ``order``, without a copy."""
+    if order == "C" and arr.size and arr.dtype.kind in _BUFFER_KINDS:
+        return arr.data.cast("B")  # the cheap way; numpy's own dtypes only
     return memoryview(arr.reshape(-1, order=order).view(np.uint8))
 
 
@@ -48,6 +52,7 @@ class EncodedMessage:
         encode_s: float,
         t0: float,
         codec_label: str = "raw",
+        body_length: int | None = None,
     ) -> None:
         self.head = head
         self.buffers = buffers
@@ -56,11 +61,9 @@ class EncodedMessage:
         self.encode_s = encode_s
         self.t0 = t0
         self.codec_label = codec_label  # e.g. "raw", "lz4", "lz4+raw": what the tensors used
-        self.nbytes = (
-            len(head)
-            + sum(len(b) for b in buffers)
-            + (DIGEST_SIZE * len(buffers) if digests else 0)
-        )
+        if body_length is None:
+            body_length = sum(map(len, buffers)) + (DIGEST_SIZE * len(buffers) if digests else 0)
+        self.nbytes = len(head) + body_length
         # Filled as segments() walks the message; a race only computes a digest twice.
         self._digest_cache: list[bytes | None] = [None] * len(buffers)
 
@@ -129,6 +132,22 @@ def _contiguous(arr: np.ndarray) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(arr), "C"  # the one copy a strided view costs
 
 
+def _leaves(tensors: Mapping[str, Any]) -> tuple[list[np.ndarray], ShapeKey]:
+    """Every tensor as a contiguous array, and the message's shape key (``plans``)."""
+    arrays: list[np.ndarray] = []
+    key: list[tuple[TensorPath, np.dtype, tuple[int, ...], str]] = []
+    for path, leaf in flatten(tensors):
+        arr = leaf if type(leaf) is np.ndarray else to_numpy(leaf, path)
+        flags = arr.flags
+        if flags.c_contiguous and arr.dtype.byteorder != ">":
+            order = "C"
+        else:
+            arr, order = _contiguous(arr)
+        arrays.append(arr)
+        key.append((path, arr.dtype, arr.shape, order))
+    return arrays, tuple(key)
+
+
 def encode_message(
     tensors: Mapping[str, Any] | None = None,
     meta: Mapping[str, Any] | None = None,
@@ -142,50 +161,60 @@ def encode_message(
 
     ``codecs`` picks each tensor's codec chain (see ``tensorwire.codecs.resolve_codecs``);
     a chain whose output is not smaller than the raw bytes is dropped and the tensor goes raw.
-    ``checksum`` appends an xxh3-64 digest to every tensor's bytes. ``t0`` is the send
-    time (seconds since the epoch) put in the header; default now (fix it for test vectors).
+    A selector with an ``observe(name, array, chain, encoded_nbytes)`` method is told what
+    each chain it chose achieved. ``checksum`` appends an xxh3-64 digest to every tensor's
+    bytes. ``t0`` is the send time (seconds since the epoch) put in the header; default
+    now (fix it for test vectors).
+
+    The header pieces of a message shape (names, dtypes, shapes, orders) are built once and
+    reused while the shape repeats (:mod:`tensorwire.wire.plans`).
     """
     t0 = time.time() if t0 is None else t0
     start = time.perf_counter()
-    entries: list[dict[str, Any]] = []
+    arrays, key = _leaves(tensors or {})
+    plan = encode_plan(key)
     buffers: list[memoryview] = []
-    raw_nbytes = 0
-    for path, leaf in flatten(tensors or {}):
-        arr, order = _contiguous(to_numpy(leaf, path))
-        dtype_name = name_of_dtype(arr.dtype)
-        raw = byte_view(arr, order)
-        raw_nbytes += arr.nbytes
-        entry: dict[str, Any] = {
-            "name": list(path),
-            "dtype": dtype_name,
-            "shape": list(arr.shape),
-            "order": order,
-            "nbytes": arr.nbytes,
-        }
-        chain = list(codecs("/".join(path), arr)) if codecs is not None and arr.nbytes else []
-        data = raw
-        sizes: list[int] = []
-        for codec in chain:
-            data = _as_byte_view(codec.encode(data))
-            sizes.append(len(data))
-        if chain and len(data) < len(raw):
-            entry["codecs"] = [c.get_config() for c in chain]
-            if len(chain) > 1:
-                entry["sizes"] = sizes[:-1]
-        else:
+    entries: list[bytes] | None = None  # only once a tensor is compressed
+    chain_ids: set[str] = set()  # first codec of each compressed tensor
+    observe = getattr(codecs, "observe", None)
+    for i, arr in enumerate(arrays):
+        raw = byte_view(arr, key[i][3])
+        nbytes = plan.nbytes[i]
+        chain = list(codecs(plan.names[i], arr)) if codecs is not None and nbytes else None
+        if chain:
             data = raw
-        entry["size"] = len(data)
-        entries.append(entry)
-        buffers.append(data)
-    header = build_header(kind, dict(meta or {}), t0, entries)
-    body_length = sum(len(b) for b in buffers) + (DIGEST_SIZE * len(buffers) if checksum else 0)
+            sizes: list[int] = []
+            for codec in chain:
+                data = _as_byte_view(codec.encode(data))
+                sizes.append(len(data))
+            if observe is not None:
+                observe(plan.names[i], arr, chain, len(data))
+            if len(data) < nbytes:
+                configs = [c.get_config() for c in chain]
+                chain_ids.add(configs[0]["id"])
+                if entries is None:
+                    entries = list(plan.raw_entries)
+                entries[i] = plan.entry(i, configs, sizes[:-1], len(data))
+                buffers.append(data)
+                continue
+        buffers.append(raw)
+    if entries is None:
+        table, label = plan.raw_tensors, "raw"
+    else:
+        table = array_header(len(entries)) + b"".join(entries)
+        if any(e is r for e, r in zip(entries, plan.raw_entries, strict=True)):
+            chain_ids.add("raw")
+        label = "+".join(sorted(chain_ids))
+    header = assemble_header(kind, dict(meta) if meta else {}, t0, table)
+    body_length = sum(map(len, buffers)) + (DIGEST_SIZE * len(buffers) if checksum else 0)
     head = pack_prefix(header, body_length, checksum) + header
     return EncodedMessage(
         head,
         buffers,
         checksum,
-        raw_nbytes,
+        plan.total_nbytes,
         time.perf_counter() - start,
         t0,
-        codec_label(e.get("codecs", ()) for e in entries),
+        label,
+        body_length,
     )

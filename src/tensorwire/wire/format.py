@@ -31,12 +31,14 @@ from tensorwire.errors import (
     UnsupportedVersion,
 )
 from tensorwire.wire.dtypes import dtype_from_name
+from tensorwire.wire.plans import TENSOR_TABLES, TensorTable, pack
 from tensorwire.wire.tensors import TensorPath
 
 MAGIC = b"TWIR"
 VERSION = 1
 PREFIX = struct.Struct("<4sBBHIIQ")
 PREFIX_SIZE = PREFIX.size  # 24
+_F64 = struct.Struct(">d")
 DIGEST_SIZE = 8
 FLAG_DIGESTS = 0x01
 KNOWN_FLAGS = FLAG_DIGESTS
@@ -81,26 +83,31 @@ class TensorSpec:
         return self.size + sum(self.sizes) if self.codecs else 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class MessagePlan:
     """A validated header: what the body holds and where."""
 
     kind: str
     meta: dict[str, Any]
     t0: float | None
-    tensors: list[TensorSpec]
+    table: TensorTable
     digests: bool
     header_length: int
     body_length: int
 
     @property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        """Every tensor's spec, in body order."""
+        return self.table.specs
+
+    @property
     def nbytes(self) -> int:
         """Decoded size of all tensors, bytes."""
-        return sum(t.nbytes for t in self.tensors)
+        return self.table.nbytes
 
     @property
     def codec_label(self) -> str:
-        return codec_label(t.codecs for t in self.tensors)
+        return self.table.codec_label
 
     @property
     def wire_nbytes(self) -> int:
@@ -108,7 +115,7 @@ class MessagePlan:
         return PREFIX_SIZE + self.header_length + self.body_length
 
 
-@dataclass
+@dataclass(slots=True)
 class Prefix:
     flags: int
     header_length: int
@@ -160,20 +167,41 @@ def parse_prefix(data: bytes | bytearray | memoryview, limits: Limits) -> Prefix
     return Prefix(flags, hlen, hcheck, blen)
 
 
+_KIND_KEY, _META_KEY, _TENSORS_KEY, _T0_KEY = (pack(k) for k in ("kind", "meta", "tensors", "t0"))
+
+
 def build_header(
     kind: str, meta: dict[str, Any], t0: float | None, tensors: list[dict[str, Any]]
 ) -> bytes:
     """Pack the header map; ``meta`` must hold only msgpack types (numpy scalars allowed)."""
-    _check_str_keys(meta, "meta")
-    doc: dict[str, Any] = {"kind": kind, "meta": meta, "tensors": tensors}
-    if t0 is not None:
-        doc["t0"] = t0
     try:
-        return msgpack.packb(doc, default=_meta_default, use_bin_type=True)
+        packed = pack(tensors)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"a tensor entry cannot be packed: {exc}") from None
+    return assemble_header(kind, meta, t0, packed)
+
+
+def assemble_header(kind: str, meta: dict[str, Any], t0: float | None, tensors: bytes) -> bytes:
+    """The header map around an already packed ``tensors`` array: the same bytes as packing
+    ``{"kind", "meta", "tensors"[, "t0"]}`` in that order (section 4.1's reference layout)."""
+    _check_str_keys(meta, "meta")
+    try:
+        parts = [
+            b"\x84" if t0 is not None else b"\x83",
+            _KIND_KEY,
+            pack(kind),
+            _META_KEY,
+            pack(meta),
+            _TENSORS_KEY,
+            tensors,
+        ]
+        if t0 is not None:
+            parts += (_T0_KEY, pack(t0))
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(
             f"meta cannot be sent: {exc} (use str, int, float, bool, bytes, lists, dicts)"
         ) from None
+    return b"".join(parts)
 
 
 def _check_str_keys(obj: Any, where: str) -> None:
@@ -182,18 +210,15 @@ def _check_str_keys(obj: Any, where: str) -> None:
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise TypeError(f"{where} has the key {key!r}; map keys in meta must be str")
-            _check_str_keys(value, f"{where}.{key}")
+            if isinstance(value, _CONTAINERS):
+                _check_str_keys(value, f"{where}.{key}")
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            _check_str_keys(value, where)
+            if isinstance(value, _CONTAINERS):
+                _check_str_keys(value, where)
 
 
-def _meta_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, tuple):
-        return list(obj)
-    raise TypeError(f"{type(obj).__name__} is not a msgpack type")
+_CONTAINERS = (dict, list, tuple)
 
 
 def verify_header(data: bytes | memoryview, prefix: Prefix) -> None:
@@ -202,38 +227,115 @@ def verify_header(data: bytes | memoryview, prefix: Prefix) -> None:
         raise HeaderCheckMismatch("header check mismatch: the header (or prefix) bytes are corrupt")
 
 
+_UNPACK: dict[str, Any] = {"raw": False, "strict_map_key": True, "use_list": True}
+_TENSORS_KEY_AT = b"\xa7tensors"  # fixstr "tensors": how the reference encoder writes the key
+_T0_TAIL = b"\xa2t0\xcb"  # fixstr "t0", then a float 64: the last 12 bytes of its headers
+_MAX_KEY_TRIES = 4  # places "tensors" is looked for (a meta string may hold the same bytes)
+_CACHED = object()  # stands for the unpacked array when the table was found in the cache
+
+
 def parse_header(data: bytes | memoryview, prefix: Prefix, limits: Limits) -> MessagePlan:
-    """Unpack a verified header; every inconsistency raises a ``WireError`` subclass."""
-    try:
-        doc = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise MalformedHeader(f"header is not valid msgpack: {exc}") from None
-    if not isinstance(doc, dict):
-        raise MalformedHeader(f"header must be a map, got {type(doc).__name__}")
+    """Unpack a verified header; every inconsistency raises a ``WireError`` subclass.
+
+    A header laid out as the reference encoder writes it has its ``tensors`` array looked
+    up, by its bytes, among the tables validated before (``plans.TENSOR_TABLES``): then
+    only its ``kind``, ``meta`` and ``t0`` are unpacked. Any other header is unpacked and
+    validated in full.
+    """
+    header = bytes(data)
+    split = _split_header(header)
+    if split is None:
+        doc = _unpack_header(header)
+        span, table, entries = None, None, doc.get("tensors", [])
+    else:
+        doc, span, table, entries = split
     kind = doc.get("kind", "data")
     meta = doc.get("meta", {})
     t0 = doc.get("t0")
-    entries = doc.get("tensors", [])
     if not isinstance(kind, str):
         raise MalformedHeader("header field 'kind' must be a string")
     if not isinstance(meta, dict):
         raise MalformedHeader("header field 'meta' must be a map")
     if t0 is not None and not isinstance(t0, (int, float)):
         raise MalformedHeader("header field 't0' must be a number")
-    if not isinstance(entries, list):
-        raise MalformedHeader("header field 'tensors' must be an array")
-    if len(entries) > limits.max_tensors:
-        raise MessageTooLarge(f"{len(entries)} tensors exceed the limit of {limits.max_tensors}")
-
-    specs = [_parse_tensor(i, e, limits) for i, e in enumerate(entries)]
-    _check_paths(specs)
-    digest_bytes = DIGEST_SIZE * len(specs) if prefix.digests else 0
-    body = sum(s.size for s in specs) + digest_bytes
+    if table is None or not table.fits(limits):
+        if entries is _CACHED and span is not None:  # cached, over these limits: say why
+            entries = msgpack.unpackb(span, **_UNPACK)
+        table = _validate_tensors(entries, limits)
+        if span is not None:
+            TENSOR_TABLES.put(span, table, len(span))
+    digest_bytes = DIGEST_SIZE * len(table.specs) if prefix.digests else 0
+    body = table.encoded_nbytes + digest_bytes
     if body != prefix.body_length:
         # The prefix is outside the header check, so this is where a corrupt one shows.
         raise HeaderCheckMismatch(
             f"tensors account for {body} body bytes but the prefix declares {prefix.body_length}"
         )
+    return MessagePlan(
+        kind,
+        meta,
+        float(t0) if t0 is not None else None,
+        table,
+        prefix.digests,
+        prefix.header_length,
+        prefix.body_length,
+    )
+
+
+def _unpack_header(header: bytes) -> dict[str, Any]:
+    try:
+        doc = msgpack.unpackb(header, **_UNPACK)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise MalformedHeader(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(doc, dict):
+        raise MalformedHeader(f"header must be a map, got {type(doc).__name__}")
+    return doc
+
+
+def _split_header(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable | None, Any] | None:
+    """Find the ``tensors`` array's bytes in a header of the reference layout.
+
+    Return ``(the header's other fields, the array's bytes, its cached table or None, its
+    unpacked value or _CACHED)``, or None unless the header is a fixmap whose
+    ``tensors`` value comes last but for a float 64 ``t0``. What precedes the key must
+    unpack as exactly the other pairs and the array as exactly one value: msgpack values
+    carry their own lengths, so this split is the header's one parse.
+    """
+    if len(header) < 9 or not 0x81 <= header[0] <= 0x8F:
+        return None
+    pairs = header[0] & 0x0F
+    end = len(header)
+    t0_tail = pairs >= 2 and header[end - 12 : end - 8] == _T0_TAIL
+    stop = end - 12 if t0_tail else end
+    before = bytes((0x80 | (pairs - 1 - t0_tail),))
+    pos = header.find(_TENSORS_KEY_AT, 1, stop)
+    for _ in range(_MAX_KEY_TRIES):
+        if pos < 0:
+            return None
+        span = header[pos + 8 : stop]
+        table = TENSOR_TABLES.get(span)
+        entries = _CACHED
+        try:
+            if table is None:
+                entries = msgpack.unpackb(span, **_UNPACK)
+            # msgpack >= 1.0's defaults are _UNPACK's (spelled out, they cost 0.4 us here)
+            doc = msgpack.unpackb(before + header[1:pos])
+        except Exception:  # the key is not at pos: look further on
+            pos = header.find(_TENSORS_KEY_AT, pos + 1, stop)
+            continue
+        if t0_tail:
+            doc["t0"] = _F64.unpack_from(header, end - 8)[0]
+        return doc, span, table, entries
+    return None
+
+
+def _validate_tensors(entries: Any, limits: Limits) -> TensorTable:
+    if not isinstance(entries, list):
+        raise MalformedHeader("header field 'tensors' must be an array")
+    if len(entries) > limits.max_tensors:
+        raise MessageTooLarge(f"{len(entries)} tensors exceed the limit of {limits.max_tensors}")
+    specs = tuple(_parse_tensor(i, e, limits) for i, e in enumerate(entries))
+    _check_paths(specs)
     decoded = sum(s.nbytes for s in specs)
     scratch = max((s.scratch_bytes for s in specs), default=0)
     if decoded + scratch > limits.max_message_bytes:
@@ -241,14 +343,16 @@ def parse_header(data: bytes | memoryview, prefix: Prefix, limits: Limits) -> Me
             f"decoding needs {decoded + scratch} bytes ({decoded} decoded + {scratch} scratch), "
             f"over the limit of {limits.max_message_bytes} bytes"
         )
-    return MessagePlan(
-        kind=kind,
-        meta=meta,
-        t0=float(t0) if t0 is not None else None,
-        tensors=specs,
-        digests=prefix.digests,
-        header_length=prefix.header_length,
-        body_length=prefix.body_length,
+    flat = all(len(s.path) == 1 for s in specs)
+    return TensorTable(
+        specs=specs,
+        encoded_nbytes=sum(s.size for s in specs),
+        nbytes=decoded,
+        scratch_nbytes=scratch,
+        max_ndim=max((len(s.shape) for s in specs), default=0),
+        codec_label=codec_label(s.codecs for s in specs),
+        compressed=any(s.codecs for s in specs),
+        flat_names=tuple(s.path[0] for s in specs) if flat else None,
     )
 
 
@@ -324,7 +428,7 @@ def _parse_tensor(index: int, e: Any, limits: Limits) -> TensorSpec:
     )
 
 
-def _check_paths(specs: list[TensorSpec]) -> None:
+def _check_paths(specs: Sequence[TensorSpec]) -> None:
     seen = {s.path for s in specs}
     if len(seen) != len(specs):
         raise MalformedHeader("two tensors have the same name")

@@ -56,7 +56,7 @@ def flatten(
     tensors: Mapping[str, Any], prefix: TensorPath = ()
 ) -> Iterator[tuple[TensorPath, Any]]:
     """Yield ``(path, leaf)`` for every leaf of a nested mapping of names to tensors."""
-    if not isinstance(tensors, Mapping):
+    if type(tensors) is not dict and not isinstance(tensors, Mapping):
         raise TypeError(
             f"tensors must be a mapping of names to tensors, not {type(tensors).__name__}"
         )
@@ -66,7 +66,8 @@ def flatten(
                 f"tensor names must be non-empty str, got {key!r} in {'/'.join(prefix) or '<root>'}"
             )
         path = (*prefix, key)
-        if isinstance(value, Mapping):
+        # An array is no mapping: say so before the (slower) abstract-class check.
+        if type(value) is not np.ndarray and isinstance(value, Mapping):
             yield from flatten(value, path)
         else:
             yield path, value

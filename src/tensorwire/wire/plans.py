@@ -1,0 +1,205 @@
+"""Header pieces precompiled per message shape, reused while the shape repeats (FL rounds do).
+
+Sending: an :class:`EncodePlan` holds, for one sequence of (name, dtype, shape, order), the
+msgpack bytes of every tensor entry up to its sizes, and the whole ``tensors`` array for
+when every tensor goes raw, so a message of a known shape is framed by joining bytes
+instead of building and packing a map per tensor. Receiving: a :class:`TensorTable` is a
+validated ``tensors`` array, cached under its exact msgpack bytes, so a header seen before
+is checked by comparing bytes instead of validating every entry again.
+
+Both caches are bounded in entries and in bytes; a peer that sends ever new headers only
+evicts older ones, and costs at most those bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgpack
+import numpy as np
+
+from tensorwire.wire.dtypes import name_of_dtype
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+ShapeKey = tuple[tuple[tuple[str, ...], np.dtype, tuple[int, ...], str], ...]
+"""(path, dtype, shape, order) of every tensor of a message, in body order."""
+
+_packers = threading.local()  # a Packer keeps state between calls: one per thread
+
+
+def msgpack_default(obj: Any) -> Any:
+    """What msgpack gets for the few non-msgpack types a header may hold."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not a msgpack type")
+
+
+def pack(obj: Any) -> bytes:
+    """``msgpack.packb(obj)`` as the reference encoder packs (str as str, bytes as bin,
+    numpy scalars as their values), without building a packer per call."""
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, default=msgpack_default)
+    return packer.pack(obj)
+
+
+class BoundedCache(Generic[K, V]):
+    """A dict that holds at most ``max_entries`` values and ``max_bytes`` of their cost,
+    evicting the oldest first. Lookups take no lock; inserts do."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._items: dict[K, tuple[V, int]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        found = self._items.get(key)
+        return None if found is None else found[0]
+
+    def put(self, key: K, value: V, cost: int) -> None:
+        """Keep ``value`` unless its ``cost`` (bytes) alone is over the bound."""
+        if cost > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            while self._items and (
+                len(self._items) >= self.max_entries or self._bytes + cost > self.max_bytes
+            ):
+                self._bytes -= self._items.pop(next(iter(self._items)))[1]
+            self._items[key] = (value, cost)
+            self._bytes += cost
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        """The summed cost of what is held, bytes."""
+        return self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+# Keys of a tensor entry, packed once (docs/wire-format.md 4.3, in the encoder's order).
+_NAME, _DTYPE, _SHAPE, _ORDER, _NBYTES, _CODECS, _SIZES, _SIZE = (
+    pack(k) for k in ("name", "dtype", "shape", "order", "nbytes", "codecs", "sizes", "size")
+)
+
+
+class EncodePlan:
+    """The header pieces of one message shape (see the module docstring).
+
+    ``names`` are the tensors' "a/b" paths as selectors see them; ``raw_tensors`` is the
+    packed ``tensors`` array when every tensor goes raw; :meth:`entry` packs the entry of a
+    compressed one.
+    """
+
+    __slots__ = ("_heads", "names", "nbytes", "raw_entries", "raw_tensors", "total_nbytes")
+
+    def __init__(self, key: ShapeKey) -> None:
+        self.names = tuple("/".join(path) for path, _, _, _ in key)
+        self.nbytes = tuple(math.prod(shape) * dtype.itemsize for _, dtype, shape, _ in key)
+        self.total_nbytes = sum(self.nbytes)
+        self._heads = tuple(
+            b"".join(
+                (
+                    _NAME,
+                    pack(list(path)),
+                    _DTYPE,
+                    pack(name_of_dtype(dtype)),
+                    _SHAPE,
+                    pack(list(shape)),
+                    _ORDER,
+                    pack(order),
+                    _NBYTES,
+                    pack(nbytes),
+                )
+            )
+            for (path, dtype, shape, order), nbytes in zip(key, self.nbytes, strict=True)
+        )
+        # A raw entry has 6 keys: name, dtype, shape, order, nbytes, size (= nbytes).
+        self.raw_entries = tuple(
+            b"\x86" + head + _SIZE + pack(nbytes)
+            for head, nbytes in zip(self._heads, self.nbytes, strict=True)
+        )
+        self.raw_tensors = array_header(len(key)) + b"".join(self.raw_entries)
+
+    @property
+    def cost(self) -> int:
+        """Roughly the bytes this plan holds (for the cache's bound)."""
+        return 2 * len(self.raw_tensors) + 64 * len(self.names)
+
+    def entry(
+        self, i: int, configs: list[dict[str, Any]], sizes: Sequence[int], size: int
+    ) -> bytes:
+        """The entry of tensor ``i`` sent through a chain with ``configs``; ``sizes`` are
+        the byte sizes between its stages (``len(configs) - 1`` values), ``size`` its
+        encoded size."""
+        if len(configs) > 1:
+            tail = (_CODECS, pack(configs), _SIZES, pack(list(sizes)), _SIZE, pack(size))
+            return b"\x88" + self._heads[i] + b"".join(tail)
+        return b"\x87" + self._heads[i] + _CODECS + pack(configs) + _SIZE + pack(size)
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+_ENCODE_PLANS: BoundedCache[ShapeKey, EncodePlan] = BoundedCache(256, 32 << 20)
+
+
+def encode_plan(key: ShapeKey) -> EncodePlan:
+    """The cached plan for a message shape (built on first use)."""
+    plan = _ENCODE_PLANS.get(key)
+    if plan is None:
+        plan = EncodePlan(key)
+        _ENCODE_PLANS.put(key, plan, plan.cost)
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class TensorTable:
+    """A validated ``tensors`` array of a header and what follows from it alone."""
+
+    specs: tuple[Any, ...]  # TensorSpec, in body order
+    encoded_nbytes: int  # the sum of the tensors' sizes on the wire, without digests
+    nbytes: int  # decoded size of all tensors
+    scratch_nbytes: int  # the most scratch one compressed tensor needs to decode
+    max_ndim: int
+    codec_label: str
+    compressed: bool  # whether any tensor has a codec chain
+    flat_names: tuple[str, ...] | None  # every path's one name, when no path is nested
+
+    def fits(self, limits: Any) -> bool:
+        """Whether ``limits`` (a ``Limits``) allow this table."""
+        return (
+            len(self.specs) <= limits.max_tensors
+            and self.max_ndim <= limits.max_ndim
+            and self.nbytes + self.scratch_nbytes <= limits.max_message_bytes
+        )
+
+
+TENSOR_TABLES: BoundedCache[bytes, TensorTable] = BoundedCache(256, 1 << 20)
+"""Validated tables by their packed bytes. Its bound is in header bytes: the Python objects
+of a table take a few times that."""
