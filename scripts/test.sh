@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Set up, then run the linters and the whole test suite (CI runs exactly this).
+# Set up, then run the linters, the type checker, the documentation build and the whole test
+# suite (CI runs exactly this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests
 .venv/bin/ruff format --check src tests
+.venv/bin/mypy                                   # files and settings: [tool.mypy] in pyproject.toml
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict   # the site, into build/site (not --quiet: it hides the warnings --strict fails on)
 exec .venv/bin/python -m pytest "$@"

@@ -6,14 +6,22 @@ data: communication time per protocol per profile and model, under CPU stress, u
 stress, against loss; accuracy per round; bytes on the wire; TCP retransmissions; the
 encode / wire / decode split; communication time per uplink codec. Every time figure draws
 the lower bound (message bytes / link rate) as a black bar over each bar, or a dashed line.
+
+Made to go into a paper unchanged: no title in the image (the report's heading and the
+caption carry it), 300 dpi PNG and SVG, one colour and marker per protocol in every figure
+(:func:`protocol_style`), error bars only where a setting has two or more repetitions (the
+95 % confidence interval of the mean; the caption says which), milliseconds where times are
+under a second, and the legend below the panels, never wider than they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -21,12 +29,63 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
+from tensorwire.bench.fl_matrix import protocol_schemes
+
+DPI = 300
+PANEL_WIDTH, PANEL_HEIGHT = 4.6, 3.3  # inches per panel
 BOUND_LABEL = "lower bound: bytes / link rate"
-COMM_LABEL = "communication time per round (s)\n(sum over devices, downlink + uplink)"
+COMM_SUM = "the sum over devices of each round's downlink and uplink transfer times"
+
+# One colour, marker and line style per protocol, the same in every figure of every report
+# (matplotlib's tab10 colours, which read in greyscale and to most colour-blind readers too),
+# given out in the registry's order of the protocols, so a new transport gets the next one.
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#bcbd22",
+    "#e377c2",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#17becf",
+    "#7f7f7f",
+)
+_MARKER_CYCLE = ("o", "s", "^", "v", "*", "D", "P", "X", "h", "p")
+_LINE_CYCLE: tuple[Any, ...] = (
+    "-",
+    "--",
+    "-.",
+    (0, (6, 2, 1, 2)),
+    (0, (1, 1)),
+    ":",
+    (0, (5, 1.5)),
+    (0, (3, 1, 1, 1, 1, 1)),
+    (0, (4, 1, 1, 1)),
+    (0, (2, 2)),
+)
+_KNOWN = list(protocol_schemes())[: len(_PALETTE)]
+PROTOCOL_COLORS = {p: _PALETTE[i] for i, p in enumerate(_KNOWN)}
+PROTOCOL_MARKERS = {p: _MARKER_CYCLE[i] for i, p in enumerate(_KNOWN)}
+PROTOCOL_LINES: dict[str, Any] = {p: _LINE_CYCLE[i] for i, p in enumerate(_KNOWN)}
+# For protocols registered at run time: picked by a stable hash of the name.
+_SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252")
+_SPARE_MARKERS = ("<", ">", "d", "8", "H", "1", "2")
+# In a comparison of runs, the runs are told apart by hatching (bars) and marker fill (lines).
+_RUN_HATCHES = ("", "//", "..", "xx", "\\\\", "++")
+# Two-part bars (messages and frames, none and stressed, encode and decode): the second part
+# is the protocol's colour, hatched.
+_SECOND_HATCH = "///"
+DODGE = 0.04  # sideways shift between line series, a fraction of the x spacing
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Student's t, two-sided 95 %, for 1..10 degrees of freedom (then :func:`t95` interpolates)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +97,56 @@ class FigureFile:
     caption: str
     png: Path
     svg: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Style:
+    """How one series is drawn: ``color``, ``marker``, ``linestyle``, bar ``hatch``, and
+    whether its markers are ``hollow``."""
+
+    color: str
+    marker: str
+    linestyle: Any
+    hatch: str = ""
+    hollow: bool = False
+
+
+def protocol_style(protocol: str) -> Style:
+    """The protocol's colour, marker and line style: fixed for the known ones, and for any
+    other chosen by a hash of its name, so it is the same in every figure and every run."""
+    spare = zlib.crc32(protocol.encode())
+    return Style(
+        color=PROTOCOL_COLORS.get(protocol, _SPARE_COLORS[spare % len(_SPARE_COLORS)]),
+        marker=PROTOCOL_MARKERS.get(protocol, _SPARE_MARKERS[spare % len(_SPARE_MARKERS)]),
+        linestyle=PROTOCOL_LINES.get(protocol, "-"),
+    )
+
+
+def series_styles(frame: pd.DataFrame) -> dict[str, Style]:
+    """Each ``series`` of ``frame``: its protocol's style, and in a comparison of several
+    runs a hatch and marker fill per run."""
+    runs = _order(frame["run"]) if "run" in frame else []
+    styles = {}
+    for series, protocol, run in (
+        frame.assign(run=frame.get("run", ""))[["series", "protocol", "run"]]
+        .drop_duplicates()
+        .itertuples(index=False)
+    ):
+        k = runs.index(run) if len(runs) > 1 else 0
+        styles[series] = dataclasses.replace(
+            protocol_style(str(protocol)),
+            hatch=_RUN_HATCHES[k % len(_RUN_HATCHES)],
+            hollow=k % 2 == 1,
+        )
+    return styles
+
+
+def t95(n: int) -> float:
+    """Student's t quantile for a two-sided 95 % interval of a mean of ``n`` >= 2 values."""
+    df = n - 1
+    if df <= len(_T975):
+        return _T975[df - 1]
+    return 1.960 + 2.4 / df  # within 0.5 % of the exact quantile above 10 degrees of freedom
 
 
 def _order(values: pd.Series) -> list:
@@ -62,34 +171,71 @@ def base_rows(frame: pd.DataFrame, keep: set[str]) -> pd.DataFrame:
     return rows
 
 
-def _panels(count: int, width: float = 5.5, height: float = 4.0) -> tuple[Figure, list[Axes]]:
+def _experiment_means(rows: pd.DataFrame, by: list[str], values: list[str]) -> pd.DataFrame:
+    """Each experiment's mean of ``values`` over its rounds, per ``by``: rounds that differ by
+    design (a delta downlink's first, full model) are not repetitions."""
+    experiment = [c for c in ("run", "key") if c in rows and c not in by]
+    return rows.groupby(by + experiment, sort=False)[values].mean().reset_index()
+
+
+def mean_ci(rows: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Per ``by``: the mean of ``value`` over repetitions (``value``), the half-width of its
+    95 % confidence interval (``value_ci``; NaN with fewer than two repetitions) and the
+    number of repetitions (``value_n``). With ``by`` holding ``round``, per round."""
+    each = _experiment_means(rows, by, [value]) if "round" not in by else rows
+    stats = each.groupby(by, sort=False)[value].agg(["mean", "std", "count"]).reset_index()
+    half = [
+        t95(int(n)) * s / np.sqrt(n) if n >= 2 and pd.notna(s) else np.nan
+        for s, n in zip(stats["std"], stats["count"], strict=True)
+    ]
+    return stats.assign(**{f"{value}_ci": half}).rename(
+        columns={"mean": value, "count": f"{value}_n"}
+    )[[*by, value, f"{value}_ci", f"{value}_n"]]
+
+
+def reps_note(rows: pd.DataFrame) -> str:
+    """The caption's sentence on error bars, from the repetitions each setting of ``rows`` has."""
+    dims = [
+        c
+        for c in ("run", "protocol", "model", "profile", "loss", "stress", "codec", "epochs")
+        if c in rows
+    ]
+    if rows.empty or "rep" not in rows:
+        return ""
+    reps = rows.groupby(dims, sort=False)["rep"].nunique()
+    low, high = int(reps.min()), int(reps.max())
+    if high < 2:
+        return "One repetition per setting, so no error bars."
+    span = f"{low}" if low == high else f"{low} to {high}"
+    note = f"Error bars: 95 % confidence interval of the mean over {span} repetitions"
+    return note + (" (none where a setting has one)." if low < 2 else ".")
+
+
+def time_unit(*values: Any) -> tuple[float, str]:
+    """``(scale, unit)`` for seconds: milliseconds when every value is under a second."""
+    finite = [np.nanmax(np.asarray(v, float)) for v in values if np.isfinite(v).any()]
+    return (1e3, "ms") if finite and max(finite) < 1.0 else (1.0, "s")
+
+
+def _panels(count: int, width: float = PANEL_WIDTH) -> tuple[Figure, list[Axes]]:
     cols = min(count, 3)
     rows = -(-count // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, PANEL_HEIGHT * rows), squeeze=False)
     flat = list(axes.flat)
     for ax in flat[count:]:
         ax.set_visible(False)
     return fig, flat[:count]
 
 
-def _colors(series: list[str]) -> dict[str, tuple]:
-    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
-    return {s: cmap(i % cmap.N) for i, s in enumerate(series)}
-
-
-def _mean_std(rows: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
-    """Mean of ``value`` per ``by``, and its std over repetitions: each experiment's rounds
-    are averaged first, so rounds that differ by design (a delta downlink's first, full
-    model) do not read as noise."""
-    experiment = [c for c in ("run", "key") if c in rows]
-    if experiment:
-        rows = rows.groupby(by + experiment, sort=False)[value].mean().reset_index()
-    return (
-        rows.groupby(by, sort=False)[value]
-        .agg(["mean", "std"])
-        .reset_index()
-        .rename(columns={"mean": value, "std": f"{value}_std"})
-    )
+def _bar_kwargs(style: Style, second: bool = False) -> dict[str, Any]:
+    hatch = style.hatch + (_SECOND_HATCH if second else "")
+    return {
+        "color": style.color,
+        "alpha": 0.55 if second else 1.0,
+        "hatch": hatch or None,
+        "edgecolor": "white" if hatch else style.color,
+        "linewidth": 0.0,
+    }
 
 
 def grouped_bars(
@@ -98,62 +244,79 @@ def grouped_bars(
     group: str,
     series: str,
     value: str,
+    style: Callable[[Any, Any], dict[str, Any]],
     bound: str | None = None,
-    colors: dict[str, tuple] | None = None,
+    scale: float = 1.0,
 ) -> None:
-    """Bars of ``value`` (mean, std as error bar) per ``group`` on the x axis, one per
-    ``series`` side by side; ``bound`` (mean) as a black bar across each bar."""
+    """Bars of ``value`` (mean over repetitions, times ``scale``) per ``group`` on the x axis,
+    one per ``series`` side by side, drawn as ``style(group, series)`` says; a 95 % CI error
+    bar where there are two or more repetitions; ``bound`` (mean) as a black bar across."""
     groups, names = _order(rows[group]), _order(rows[series])
-    stats = _mean_std(rows, [group, series], value)
+    stats = mean_ci(rows, [group, series], value)
     if bound:
         stats = stats.merge(
             rows.groupby([group, series], sort=False)[bound].mean().reset_index(),
             on=[group, series],
         )
-    colors = colors or _colors(names)
     width = 0.8 / len(names)
-    bound_drawn = False
     for j, name in enumerate(names):
         part = stats[stats[series] == name].set_index(group).reindex(groups)
         x = np.arange(len(groups)) - 0.4 + width * (j + 0.5)
-        ax.bar(
-            x,
-            part[value],
-            width,
-            yerr=part[f"{value}_std"].fillna(0),
-            label=str(name),
-            color=colors[name],
-            capsize=2,
-        )
-        if bound and part[bound].notna().any():
-            ax.hlines(
-                part[bound],
-                x - width / 2,
-                x + width / 2,
-                colors="black",
-                linewidth=2,
-                label=None if bound_drawn else BOUND_LABEL,
+        for i, g in enumerate(groups):
+            if pd.isna(part[value].iloc[i]):
+                continue
+            ci = part[f"{value}_ci"].iloc[i]
+            ax.bar(
+                x[i],
+                part[value].iloc[i] * scale,
+                width,
+                yerr=None if pd.isna(ci) else ci * scale,
+                capsize=3,
+                error_kw={"elinewidth": 1, "ecolor": "#333333"},
+                **style(g, name),
             )
-            bound_drawn = True
+        if bound and part[bound].notna().any():
+            ax.hlines(part[bound] * scale, x - width / 2, x + width / 2, colors="black", lw=2)
+    if (stats[value].dropna() >= 0).all():  # a CI of few repetitions can reach below zero
+        ax.set_ylim(bottom=0)
     ax.set_xticks(np.arange(len(groups)), [str(g).replace(" / ", "\n") for g in groups])
     if len(groups) > 3:
         ax.tick_params(axis="x", labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _legend(fig: Figure, axes: list[Axes], handles: list[Artist], labels: list[str]) -> None:
+    """The figure's legend below its panels, in as many columns as fit their width."""
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    boxes = [ax.get_window_extent(renderer) for ax in axes]
+    left, right = min(b.x0 for b in boxes), max(b.x1 for b in boxes)
+    bottom = min((ax.get_tightbbox(renderer) or ax.bbox).y0 for ax in axes)
+    centre = fig.transFigure.inverted().transform(((left + right) / 2, bottom))
+    for ncol in range(len(labels), 0, -1):
+        legend = fig.legend(
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(centre[0], centre[1]),
+            ncol=ncol,
+            fontsize="small",
+            frameon=False,
+        )
+        if legend.get_window_extent(renderer).width <= right - left or ncol == 1:
+            return
+        legend.remove()
 
 
 def _save(fig: Figure, out_dir: Path, name: str, title: str, caption: str) -> FigureFile:
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.suptitle(title)
-    fig.tight_layout()
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
-    fig.savefig(png, dpi=110)
-    fig.savefig(svg)
+    fig.savefig(png, dpi=DPI, bbox_inches="tight")
+    fig.savefig(svg, bbox_inches="tight")
     plt.close(fig)
     return FigureFile(name, title, caption, png, svg)
-
-
-def _legend(axes: list[Axes]) -> None:
-    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
 
 
 def _combos(rows: pd.DataFrame, dims: list[str]) -> list[tuple]:
@@ -171,88 +334,209 @@ def _title(values: tuple) -> str:
     return ", ".join(map(str, values))
 
 
-def _comm_bars_per_model(rows: pd.DataFrame, group: str, xlabel: str, colors: dict) -> Figure:
+def _series_handles(names: list[str], styles: dict[str, Style]) -> list[Artist]:
+    return [
+        Patch(facecolor=styles[n].color, hatch=styles[n].hatch or None, edgecolor="white")
+        for n in names
+    ]
+
+
+def _bound_handle() -> Line2D:
+    return Line2D([], [], color="black", linewidth=2)
+
+
+def _by_series(styles: dict[str, Style]) -> Callable[[Any, Any], dict[str, Any]]:
+    return lambda group, name: _bar_kwargs(styles[name])
+
+
+def _comm_bars_per_model(
+    rows: pd.DataFrame, group: str, xlabel: str, styles: dict[str, Style]
+) -> Figure:
     """Communication time per ``group`` on the x axis, a bar per series, its lower bound
     across each bar; a panel per model."""
     models = _order(rows["model"])
+    scale, unit = time_unit(rows["comm_s"], rows["lower_bound_s"])
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models, strict=True):
         grouped_bars(
-            ax, rows[rows["model"] == model], group, "series", "comm_s", "lower_bound_s", colors
+            ax,
+            rows[rows["model"] == model],
+            group,
+            "series",
+            "comm_s",
+            _by_series(styles),
+            "lower_bound_s",
+            scale,
         )
-        ax.set_title(str(model))
+        if len(models) > 1:
+            ax.set_title(str(model))
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(COMM_LABEL)
-    _legend(axes)
+        ax.set_ylabel(f"communication time per round ({unit})")
+    names = _order(rows["series"])
+    handles = _series_handles(names, styles)
+    labels = [str(n) for n in names]
+    if rows["lower_bound_s"].notna().any():
+        handles, labels = [*handles, _bound_handle()], [*labels, BOUND_LABEL]
+    _legend(fig, axes, handles, labels)
     return fig
+
+
+def _model_note(rows: pd.DataFrame) -> str:
+    models = _order(rows["model"])
+    return f" Model: {models[0]}." if len(models) == 1 else ""
 
 
 # --- the figures ---------------------------------------------------------------------------
 
 
-def comm_time_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
+def comm_time_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
     """Communication time per protocol, bars grouped by profile, a panel per model."""
     rows = base_rows(frame, {"profile", "model"})
     if rows.empty:
         return None
-    fig = _comm_bars_per_model(rows, "profile", "network profile", colors)
+    fig = _comm_bars_per_model(rows, "profile", "network profile", styles)
     return _save(
         fig,
         out_dir,
         "comm_time",
         "Communication time per protocol, network profile and model",
-        "Mean per round (error bar: std over repetitions); black: the lower bound.",
+        f"Mean per round of {COMM_SUM}; black: the lower bound (message bytes / link rate)."
+        + _model_note(rows)
+        + " "
+        + reps_note(rows),
     )
 
 
-def stress_figure(frame: pd.DataFrame, out_dir: Path, colors: dict, kind: str) -> FigureFile | None:
+def stress_figure(frame: pd.DataFrame, out_dir: Path, styles: dict, kind: str) -> FigureFile | None:
     """Communication time per protocol without and with ``kind`` stress."""
     if kind not in set(frame["stress"]):
         return None
     rows = base_rows(frame, {"stress", "profile", "model"})
     rows = rows[rows["stress"].isin(["none", kind])]
     combos = _combos(rows, ["model", "profile"])
+    scale, unit = time_unit(rows["comm_s"], rows["lower_bound_s"])
     fig, axes = _panels(len(combos))
-    stress_colors = {"none": "#9aa5b1", kind: "#d1495b"}
+
+    def style(series: Any, stress: Any) -> dict[str, Any]:
+        return _bar_kwargs(styles[series], second=stress != "none")
+
     for ax, combo in zip(axes, combos, strict=True):
         part = _where(rows, ["model", "profile"], combo)
-        grouped_bars(ax, part, "series", "stress", "comm_s", "lower_bound_s", stress_colors)
+        grouped_bars(ax, part, "series", "stress", "comm_s", style, "lower_bound_s", scale)
         ax.set_title(_title(combo))
-        ax.set_ylabel(COMM_LABEL)
-        ax.tick_params(axis="x", labelrotation=30)
-    _legend(axes)
+        ax.set_ylabel(f"communication time per round ({unit})")
+        _rotate_long_ticks(ax)
+    grey = Style("#666666", "o", "-")
+    handles = [
+        Patch(**_patch(grey)),
+        Patch(**_patch(grey, second=True)),
+        _bound_handle(),
+    ]
+    _legend(fig, axes, handles, ["no stress", f"{kind} stress", BOUND_LABEL])
     return _save(
         fig,
         out_dir,
         f"comm_time_{kind}_stress",
         f"Communication time under {kind} stress",
-        f"Per protocol, without stress and under {kind} stress"
+        f"Mean per round of {COMM_SUM}, per protocol (its colour), without stress (solid) and "
+        f"under {kind} stress (hatched)"
         + (
             " (stress-ng, one worker per device)."
             if kind == "cpu"
             else " (iperf3 flows offered to every device link; the counters include them)."
-        ),
+        )
+        + " Black: the lower bound. "
+        + reps_note(rows),
     )
 
 
-def loss_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
+def _patch(style: Style, second: bool = False) -> dict[str, Any]:
+    kwargs = _bar_kwargs(style, second)
+    kwargs.pop("linewidth")
+    return {"facecolor": kwargs.pop("color"), **kwargs}
+
+
+def _plot_line(
+    ax: Axes,
+    x: np.ndarray,
+    y: np.ndarray,
+    style: Style,
+    rank: int,
+    count: int,
+    label: str,
+    err: np.ndarray | None = None,
+    linestyle: Any = None,
+    dodge: bool = False,
+) -> None:
+    """Series ``rank`` of ``count`` as a line in its colour, marker and line style, with
+    hollow markers a little smaller than the series' before, so that coinciding curves all
+    stay visible; with ``dodge`` (an x axis of steps, such as rounds), also shifted sideways
+    by a few percent of the x spacing."""
+    xs = np.unique(x)
+    spacing = float(np.min(np.diff(xs))) if len(xs) > 1 else 1.0
+    step = min(DODGE, 0.3 / max(count - 1, 1)) * spacing  # all within 30 % of a step
+    shift = step * (rank - (count - 1) / 2) if dodge else 0.0
+    kwargs: dict[str, Any] = {
+        "color": style.color,
+        "marker": style.marker,
+        "linestyle": style.linestyle if linestyle is None else linestyle,
+        "markersize": max(9.0 - 0.8 * rank, 4.0),
+        "markerfacecolor": "none" if style.hollow or rank > 0 else style.color,
+        "markeredgewidth": 1.4,
+        "linewidth": 1.4,
+        "label": label,
+    }
+    ax.plot(x + shift, y, **kwargs)
+    if err is not None and (finite := np.isfinite(err)).any():  # only where there is a CI
+        ax.errorbar(
+            x[finite] + shift,
+            y[finite],
+            yerr=err[finite],
+            fmt="none",
+            ecolor=style.color,
+            capsize=3,
+            elinewidth=1,
+        )
+
+
+def _rotate_long_ticks(ax: Axes) -> None:
+    """Tilt the x tick labels only when they would not fit side by side."""
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    if sum(max(len(line) for line in (t or " ").split("\n")) for t in labels) > 40:
+        ax.tick_params(axis="x", labelrotation=30)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
+
+
+def loss_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
     """Communication time against packet loss, a line per protocol."""
     if frame["loss"].nunique() < 2:
         return None
     rows = base_rows(frame, {"loss", "profile", "model"})
     combos = _combos(rows, ["model", "profile"])
+    scale, unit = time_unit(rows["comm_s"], rows["lower_bound_s"])
     fig, axes = _panels(len(combos))
     for ax, combo in zip(axes, combos, strict=True):
         part = _where(rows, ["model", "profile"], combo)
-        for name in _order(part["series"]):
-            mine = part[part["series"] == name].groupby("loss")[["comm_s", "lower_bound_s"]].mean()
-            x = mine.index.to_numpy() * 100
-            ax.plot(x, mine["comm_s"], marker="o", color=colors[name], label=str(name))
-            ax.plot(x, mine["lower_bound_s"], "--", color=colors[name], alpha=0.6, linewidth=1)
-        ax.plot([], [], "--", color="black", label=BOUND_LABEL)
+        names = _order(part["series"])
+        for rank, name in enumerate(names):
+            mine = mean_ci(part[part["series"] == name], ["loss"], "comm_s").sort_values("loss")
+            x = mine["loss"].to_numpy() * 100
+            _plot_line(
+                ax,
+                x,
+                mine["comm_s"].to_numpy() * scale,
+                styles[name],
+                rank,
+                len(names),
+                str(name),
+                mine["comm_s_ci"].to_numpy() * scale,
+            )
+        bound = part.groupby("loss")["lower_bound_s"].mean()
+        ax.plot(bound.index * 100, bound * scale, "--", color="black", linewidth=1)
         ax.set_title(_title(combo))
         ax.set_xlabel("packet loss (%)")
-        ax.set_ylabel(COMM_LABEL)
+        ax.set_ylabel(f"communication time per round ({unit})")
         spread = part["comm_s"].max() / max(part["lower_bound_s"].min(), 1e-9)
         if spread > 20:  # heavy loss: only a log scale shows the small times too
             ax.set_yscale("log")
@@ -260,89 +544,126 @@ def loss_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile 
         else:
             ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
-    _legend(axes)
+    handles, labels = axes[0].get_legend_handles_labels()
+    dashed = Line2D([], [], color="black", linestyle="--", linewidth=1)
+    _legend(fig, axes, [*handles, dashed], [*labels, f"{BOUND_LABEL} (lossless)"])
     return _save(
         fig,
         out_dir,
         "comm_time_loss",
         "Communication time against packet loss",
-        "Mean per round; dashed, in the protocol's colour: its lower bound (lossless).",
+        f"Mean per round of {COMM_SUM}; dashed: the lower bound, which loss does not change. "
+        + reps_note(rows),
     )
 
 
-def accuracy_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
+def accuracy_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
     """Test accuracy after each round, a line per protocol (and codec)."""
     rows = base_rows(frame, {"codec", "model"})
     if rows.empty:
         return None
-    several = rows["codec"].nunique() > 1
+    codecs = _order(rows["codec"])
+    several = len(codecs) > 1
+    codec_lines = ["-", "--", ":", "-.", (0, (5, 1.5)), (0, (1, 1))]
     models = _order(rows["model"])
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models, strict=True):
         part = rows[rows["model"] == model]
-        for (name, codec), mine in part.groupby(["series", "codec"], sort=False):
-            curve = mine.groupby("round")["accuracy"].mean()
-            style = "-" if codec == "none" else "--"
+        groups = part.groupby(["series", "codec"], sort=False)
+        count = groups.ngroups
+        for rank, ((name, codec), mine) in enumerate(groups):
+            curve = mean_ci(mine, ["round"], "accuracy")
             label = f"{name}, {codec}" if several else str(name)
-            ax.plot(curve.index, curve * 100, style, marker="o", color=colors[name], label=label)
-        ax.set_title(str(model))
+            _plot_line(
+                ax,
+                curve["round"].to_numpy(),
+                curve["accuracy"].to_numpy() * 100,
+                styles[name],
+                rank,
+                count,
+                label,
+                curve["accuracy_ci"].to_numpy() * 100,
+                codec_lines[codecs.index(codec) % len(codec_lines)] if several else None,
+                dodge=True,
+            )
+        if len(models) > 1:
+            ax.set_title(str(model))
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(low, 0.0), min(high, 100.0))  # a CI of few repetitions can pass both
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-    _legend(axes)
+    handles, labels = axes[0].get_legend_handles_labels()
+    _legend(fig, axes, handles, labels)
     return _save(
         fig,
         out_dir,
         "accuracy",
         "Accuracy per round",
         "Global model's test accuracy after each FedAvg round (mean over repetitions)"
-        + ("; dashed: with compression (uplink or downlink)." if several else "."),
+        + ("; line style: the compression, as labelled." if several else ".")
+        + _model_note(rows)
+        + " Each protocol has its own marker and colour; where curves coincide (lossless"
+        " transports carry the same bits, so the model learns the same), the markers nest and"
+        " each series is shifted a little sideways. " + reps_note(rows),
     )
 
 
-def bytes_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
+def _setting(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.assign(
+        setting=rows["series"].astype(str)
+        + np.where(rows["codec"] == "none", "", ", " + rows["codec"].astype(str))
+    )
+
+
+def bytes_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
     """Message bytes and link bytes per round, per protocol (and codec)."""
     rows = base_rows(frame, {"codec", "model"})
     if rows.empty:
         return None
-    rows = rows.assign(
-        setting=rows["series"].astype(str)
-        + np.where(rows["codec"] == "none", "", ", " + rows["codec"].astype(str))
-    )
+    rows = _setting(rows)
     kinds = {
         "payload_bytes": "messages (header + encoded tensors)",
         "wire_bytes": "frames on the links (overhead, resends, ACKs)",
     }
     long = rows.melt(
-        id_vars=["model", "setting"], value_vars=list(kinds), var_name="kind", value_name="bytes"
+        id_vars=[c for c in ("model", "setting", "series", "run", "key", "round") if c in rows],
+        value_vars=list(kinds),
+        var_name="kind",
+        value_name="bytes",
     )
     long["kind"] = long["kind"].map(kinds)
     long["MB"] = long["bytes"] / 1e6
+    series_of = dict(zip(rows["setting"], rows["series"], strict=False))
+
+    def style(setting: Any, kind: Any) -> dict[str, Any]:
+        return _bar_kwargs(styles[series_of[setting]], second=kind == kinds["wire_bytes"])
+
     models = _order(rows["model"])
-    fig, axes = _panels(len(models), width=max(5.5, 0.9 * rows["setting"].nunique()))
+    fig, axes = _panels(len(models), width=max(PANEL_WIDTH, 0.75 * rows["setting"].nunique()))
     for ax, model in zip(axes, models, strict=True):
-        grouped_bars(
-            ax,
-            long[long["model"] == model],
-            "setting",
-            "kind",
-            "MB",
-            colors={kinds["payload_bytes"]: "#4c78a8", kinds["wire_bytes"]: "#f58518"},
-        )
-        ax.set_title(str(model))
-        ax.set_ylabel("MB per round, all devices, both directions")
-        ax.tick_params(axis="x", labelrotation=30)
-    _legend(axes)
+        grouped_bars(ax, long[long["model"] == model], "setting", "kind", "MB", style)
+        if len(models) > 1:
+            ax.set_title(str(model))
+        ax.set_ylabel("MB per round")
+        _rotate_long_ticks(ax)
+    grey = Style("#666666", "o", "-")
+    _legend(fig, axes, [Patch(**_patch(grey)), Patch(**_patch(grey, True))], list(kinds.values()))
     return _save(
         fig,
         out_dir,
         "bytes",
         "Bytes on the wire per round",
-        "Message bytes as sent and received, and the bytes the device links carried.",
+        "Per round, all devices, both directions: the message bytes as sent and received "
+        "(solid), and the bytes the device links carried (hatched), per protocol (its colour)."
+        + _model_note(rows)
+        + " "
+        + reps_note(rows),
     )
 
 
-def retransmissions_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
+def retransmissions_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
     """TCP retransmissions per round: against loss, or per profile."""
     if frame["retrans_segs"].isna().all():
         return None
@@ -352,96 +673,129 @@ def retransmissions_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> 
         fig, axes = _panels(len(combos))
         for ax, combo in zip(axes, combos, strict=True):
             part = _where(rows, ["model", "profile"], combo)
-            for name in _order(part["series"]):
-                mine = part[part["series"] == name].groupby("loss")["retrans_segs"].mean()
-                ax.plot(mine.index * 100, mine, marker="o", color=colors[name], label=str(name))
+            names = _order(part["series"])
+            for rank, name in enumerate(names):
+                mine = mean_ci(part[part["series"] == name], ["loss"], "retrans_segs")
+                mine = mine.sort_values("loss")
+                _plot_line(
+                    ax,
+                    mine["loss"].to_numpy() * 100,
+                    mine["retrans_segs"].to_numpy(),
+                    styles[name],
+                    rank,
+                    len(names),
+                    str(name),
+                    mine["retrans_segs_ci"].to_numpy(),
+                )
             ax.set_title(_title(combo))
             ax.set_xlabel("packet loss (%)")
             ax.set_ylabel("TCP segments retransmitted per round")
             ax.grid(True, alpha=0.3)
+        handles, labels = axes[0].get_legend_handles_labels()
     else:
         rows = base_rows(frame, {"profile", "model"})
         models = _order(rows["model"])
         fig, axes = _panels(len(models))
         for ax, model in zip(axes, models, strict=True):
             part = rows[rows["model"] == model]
-            grouped_bars(ax, part, "profile", "series", "retrans_segs", colors=colors)
-            ax.set_title(str(model))
+            grouped_bars(ax, part, "profile", "series", "retrans_segs", _by_series(styles))
+            if len(models) > 1:
+                ax.set_title(str(model))
             ax.set_xlabel("network profile")
             ax.set_ylabel("TCP segments retransmitted per round")
-    _legend(axes)
+        names = _order(rows["series"])
+        handles, labels = _series_handles(names, styles), [str(n) for n in names]
+    _legend(fig, axes, handles, labels)
     return _save(
         fig,
         out_dir,
         "retransmissions",
         "TCP retransmissions",
         "Segments retransmitted per round, summed over the server's and devices' namespaces "
-        "(brokers included; udp's own resends are not TCP's).",
+        "(brokers included; udp's own resends are not TCP's)."
+        + _model_note(rows)
+        + " "
+        + reps_note(rows),
     )
 
 
-def breakdown_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
-    """Communication time stacked as encode / wire / decode, per protocol."""
+def breakdown_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
+    """Communication time split into the wire (seconds) and encode / decode (milliseconds
+    where they are small), per protocol."""
     rows = base_rows(frame, {"codec", "model"})
     if rows.empty or rows[["encode_s", "wire_s", "decode_s"]].isna().all().all():
         return None
-    rows = rows.assign(
-        setting=rows["series"].astype(str)
-        + np.where(rows["codec"] == "none", "", ", " + rows["codec"].astype(str))
-    )
-    parts = {"encode_s": "#54a24b", "wire_s": "#4c78a8", "decode_s": "#e45756"}
+    rows = _setting(rows)
+    series_of = dict(zip(rows["setting"], rows["series"], strict=False))
     models = _order(rows["model"])
-    fig, axes = _panels(len(models), width=max(5.5, 0.9 * rows["setting"].nunique()))
-    for ax, model in zip(axes, models, strict=True):
-        means = (
-            rows[rows["model"] == model]
-            .groupby("setting", sort=False)[[*parts, "lower_bound_s"]]
-            .mean()
+    width = max(PANEL_WIDTH, 0.6 * rows["setting"].nunique())
+    fig, grid = plt.subplots(
+        len(models), 2, figsize=(2 * width, PANEL_HEIGHT * len(models)), squeeze=False
+    )
+    wire_scale, wire_unit = time_unit(rows["wire_s"], rows["lower_bound_s"])
+    cpu_scale, cpu_unit = time_unit(rows["encode_s"], rows["decode_s"])
+    cpu = rows.melt(
+        id_vars=[c for c in ("model", "setting", "run", "key", "round") if c in rows],
+        value_vars=["encode_s", "decode_s"],
+        var_name="part",
+        value_name="seconds",
+    )
+    cpu["part"] = cpu["part"].str.removesuffix("_s")
+
+    def by_setting(setting: Any, _: Any) -> dict[str, Any]:
+        return _bar_kwargs(styles[series_of[setting]])
+
+    def by_part(setting: Any, part: Any) -> dict[str, Any]:
+        return _bar_kwargs(styles[series_of[setting]], second=part == "decode")
+
+    for (ax_wire, ax_cpu), model in zip(grid, models, strict=True):
+        mine = rows[rows["model"] == model]
+        mine = mine.assign(one="wire")
+        grouped_bars(
+            ax_wire, mine, "setting", "one", "wire_s", by_setting, "lower_bound_s", wire_scale
         )
-        x = np.arange(len(means))
-        bottom = np.zeros(len(means))
-        for part, color in parts.items():
-            ax.bar(x, means[part], 0.6, bottom=bottom, color=color, label=part.removesuffix("_s"))
-            bottom += means[part].to_numpy()
-        if means["lower_bound_s"].notna().any():
-            ax.hlines(
-                means["lower_bound_s"],
-                x - 0.3,
-                x + 0.3,
-                colors="black",
-                linewidth=2,
-                label=BOUND_LABEL,
-            )
-        ax.set_xticks(x, means.index, rotation=30)
-        ax.set_title(str(model))
-        ax.set_ylabel(COMM_LABEL)
-        ax.grid(True, axis="y", alpha=0.3)
-    _legend(axes)
+        ax_wire.set_ylabel(f"on the wire and in queues ({wire_unit})")
+        ax_wire.set_title("wire" + (f", {model}" if len(models) > 1 else ""))
+        ax_cpu.set_title("encode and decode" + (f", {model}" if len(models) > 1 else ""))
+        part = cpu[cpu["model"] == model]
+        grouped_bars(ax_cpu, part, "setting", "part", "seconds", by_part, scale=cpu_scale)
+        ax_cpu.set_ylabel(f"encode and decode ({cpu_unit})")
+        for ax in (ax_wire, ax_cpu):
+            _rotate_long_ticks(ax)
+    grey = Style("#666666", "o", "-")
+    handles = [Patch(**_patch(grey)), Patch(**_patch(grey, True)), _bound_handle()]
+    labels = ["encode", "decode", BOUND_LABEL]
+    _legend(fig, list(grid.flat), handles, labels)
     return _save(
         fig,
         out_dir,
         "breakdown",
         "Where the communication time goes: encode / wire / decode",
-        "Senders' encoding, receivers' decoding, and the rest of each transfer's end-to-end "
-        "time (on the wire and in queues), summed like the communication time.",
+        "Per round, summed like the communication time, per protocol (its colour). Left: "
+        "the time on the wire and in queues, black: the lower bound. Right, "
+        f"in {'milliseconds' if cpu_unit == 'ms' else 'seconds'}: the senders' encoding "
+        "(solid) and the receivers' decoding (hatched)."
+        + _model_note(rows)
+        + " "
+        + reps_note(rows),
     )
 
 
-def codec_figure(frame: pd.DataFrame, out_dir: Path, colors: dict) -> FigureFile | None:
+def codec_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
     """Communication time per codec (uplink, and downlink where not none), bars per
     protocol."""
     if frame["codec"].nunique() < 2:
         return None
     rows = base_rows(frame, {"codec", "model"})
-    fig = _comm_bars_per_model(rows, "codec", "compression (uplink / downlink)", colors)
+    fig = _comm_bars_per_model(rows, "codec", "compression (uplink / downlink)", styles)
     return _save(
         fig,
         out_dir,
         "comm_time_codecs",
         "Communication time per compression",
-        "Mean per round with each uplink codec (error feedback on) and downlink mode (none "
-        "unless named; delta: lossless XOR with the previous model); error bar: std over "
-        "repetitions; black: the lower bound.",
+        f"Mean per round of {COMM_SUM}, with each uplink codec (error feedback on) and "
+        "downlink mode (none unless named; delta: lossless XOR with the previous model); "
+        "black: the lower bound." + _model_note(rows) + " " + reps_note(rows),
     )
 
 
@@ -462,5 +816,5 @@ def draw_figures(frame: pd.DataFrame, out_dir: Path) -> list[FigureFile]:
     """Every figure the data of ``frame`` (with a ``series`` column) allows, into ``out_dir``."""
     if frame.empty:
         return []
-    colors = _colors(_order(frame["series"]))
-    return [f for draw in FIGURES if (f := draw(frame, out_dir, colors)) is not None]
+    styles = series_styles(frame)
+    return [f for draw in FIGURES if (f := draw(frame, out_dir, styles)) is not None]

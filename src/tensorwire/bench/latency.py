@@ -43,6 +43,7 @@ import numpy as np
 import tensorwire
 from tensorwire.bench.progress import progress_bar
 from tensorwire.bench.transfer import _CPUS, pinned_sender, random_tensor
+from tensorwire.transports.registry import listed_transports
 
 PAYLOADS = (4 << 10, 40 << 10)
 """Payload sizes in bytes: float32 tensors of 1,024 and 10,240 elements."""
@@ -273,8 +274,14 @@ def _trials(
         )
     makers += [
         lambda: pyzmq_trial(timeout),
-        lambda: tensorwire_trial("zmq+tcp", "tensorwire-zmq", "pyzmq", timeout, codec=codec),
     ]
+    zmq_entry = next((e for e in listed_transports() if e.baseline == "pyzmq"), None)
+    if zmq_entry is not None:  # the transport that wraps pyzmq, against pyzmq itself
+        makers.append(
+            lambda: tensorwire_trial(
+                zmq_entry.scheme, zmq_entry.label, "pyzmq", timeout, codec=codec
+            )
+        )
     # Started together: each waits for its echo process to start, which takes seconds.
     with ThreadPoolExecutor(len(makers)) as pool:
         futures = [pool.submit(make) for make in makers]

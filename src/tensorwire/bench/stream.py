@@ -11,7 +11,7 @@ the request to the last batch. Trials alternate between the contenders; figures 
 over trials.
 
 The peer is this module run as ``python -m tensorwire.bench.stream peer``; it reads one
-command per line on stdin (``tw URL ID N S`` / ``flight PORT N S``) and answers one JSON line.
+command per line on stdin (``tw URL ID S`` / ``doget PORT S``) and answers one JSON line.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def peer_main() -> None:
             continue
         if parts[0] == "tw":
             out = _receive_tw(parts[1], parts[2], int(parts[3]))
-        elif parts[0] == "flight":
+        elif parts[0] == "doget":
             out = _receive_flight(int(parts[1]), int(parts[2]))
         else:
             break
@@ -205,7 +205,7 @@ def bench_stream(
 
             def run_flight(source: _FlightSource = source) -> dict[str, Any]:
                 source.batches = batches
-                return _ask(peer, f"flight {source.port} {streams}")
+                return _ask(peer, f"doget {source.port} {streams}")
 
             runs.append((FLIGHT, run_flight))
         for name in transports:

@@ -1,24 +1,38 @@
-"""The ``tensorwire`` command line (typer + rich)."""
+"""The ``tensorwire`` command line (typer + rich).
+
+Errors a command meets at run time are one line on standard error (``tensorwire --debug``
+shows the traceback); the library's log lines (``cannot reach URL (...), retrying (n)``)
+go to standard error as they happen.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 import tensorwire
-from tensorwire.cli.console import console
+from tensorwire.cli.console import console, err_console
 from tensorwire.cli.fl import fl_app
-from tensorwire.errors import UnknownScheme
+from tensorwire.errors import TensorwireError, UnknownScheme
 from tensorwire.transports.registry import get_transport
 from tensorwire.transports.registry import listed_transports as registered_transports
+
+if TYPE_CHECKING:
+    from tensorwire.bench.fl_matrix import Matrix
 
 app = typer.Typer(
     help="Move tensors fast over the protocols you deploy, and measure which one wins.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,
 )
 bench_app = typer.Typer(
     help="Benchmarks that compare with a baseline in the same run.", no_args_is_help=True
@@ -33,13 +47,47 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+DEBUG_ENV = "TENSORWIRE_DEBUG"
+CONFIRM_ABOVE_S = 15 * 60  # a bench fl run estimated longer asks before it starts
+_debug = False  # set by --debug (or TENSORWIRE_DEBUG=1): errors show their traceback
+
+
+def _show_logs(level: int) -> None:
+    """Send tensorwire's log lines at ``level`` and above to standard error, once."""
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("tensorwire")
+    logger.setLevel(level)
+    if not any(getattr(h, "_tensorwire_cli", False) for h in logger.handlers):
+        handler = RichHandler(
+            console=err_console, show_path=False, markup=False, rich_tracebacks=False
+        )
+        handler._tensorwire_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.propagate = False  # a root handler (logging.basicConfig) would print them twice
+
+
 @app.callback()
 def _main(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar=DEBUG_ENV,
+            help="On an error, show the whole traceback (not one line); log DEBUG lines too.",
+        ),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="Log warnings and errors only (not progress).")
+    ] = False,
 ) -> None:
     """tensorwire: tensors over TCP, UDP, ZeroMQ, MQTT, AMQP, Arrow Flight and shared memory."""
+    global _debug
+    _debug = debug
+    _show_logs(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
 
 
 def _out_dir(out: Path | None, name: str) -> Path:
@@ -84,6 +132,25 @@ def _protocols_help() -> str:
 
 def _split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def split_profiles(text: str) -> tuple[str, ...]:
+    """``--profiles``: comma-separated like every list; a custom profile's ``key=value``
+    settings stay with it (``3g,20mbit,delay=30ms`` is ``3g`` and ``20mbit,delay=30ms``).
+    The ``;`` separator of tensorwire 0.1 still works, with a note that it is deprecated."""
+    if ";" in text:
+        err_console.print(
+            "note: ';' between --profiles is deprecated; separate them with ',' like every "
+            "other list (a profile's key=value settings stay with it)"
+        )
+        return tuple(p.strip() for p in text.split(";") if p.strip())
+    profiles: list[list[str]] = []
+    for token in _split(text):
+        if "=" in token and profiles:
+            profiles[-1].append(token)
+        else:
+            profiles.append([token])
+    return tuple(",".join(p) for p in profiles)
 
 
 @bench_app.command("transfer")
@@ -216,6 +283,63 @@ def _print_targets(rows: list[dict], big_mib: int) -> None:
         console.print(f"{label}: {_verdict(ratio, target)}")
 
 
+@bench_app.command("latency")
+def bench_latency_cmd(
+    payloads: Annotated[
+        str, typer.Option(help="Comma-separated payload sizes, bytes (float32 tensors).")
+    ] = "4096,40960",
+    round_trips: Annotated[int, typer.Option(min=1, help="Round trips per timed block.")] = 2000,
+    repeat: Annotated[
+        int, typer.Option(min=5, help="Blocks per trial, interleaved (median reported).")
+    ] = 7,
+    codec: Annotated[
+        str, typer.Option(help="tensorwire codec: auto, none, lz4, zstd, ...")
+    ] = "auto",
+    checksum_off: Annotated[
+        bool, typer.Option(help="Also run tensorwire tcp without checksums (their cost).")
+    ] = True,
+    out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
+) -> None:
+    """Small-message ping-pong: raw socket, tensorwire tcp, pyzmq, tensorwire zmq+tcp."""
+    from tensorwire.bench.latency import bench_latency, latency_targets
+    from tensorwire.bench.tables import print_table, write_rows
+
+    try:
+        sizes = [int(p) for p in _split(payloads)]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{payloads!r} is not a list of byte counts like 4096,40960"
+        ) from None
+    rows = bench_latency(
+        payloads=sizes,
+        round_trips=round_trips,
+        repeat=repeat,
+        codec=None if codec.lower() in ("none", "raw") else codec,
+        checksum_off=checksum_off,
+    )
+    cols = [
+        "transport",
+        "bytes",
+        "median_us",
+        "p99_us",
+        "min_us",
+        "baseline",
+        "time_vs_baseline",
+        "target",
+    ]
+    title = f"Round trips over loopback, median of {repeat} blocks of {round_trips}"
+    print_table(rows, title, cols, console)
+    for label, target, ratio in latency_targets(rows):
+        if ratio is None:
+            verdict = "[yellow]not measured[/]"
+        else:
+            verdict = f"{ratio:.2f}x " + ("[green]met[/]" if ratio <= target else "[red]missed[/]")
+        console.print(f"{label}: {verdict}")
+    out_dir = _out_dir(out, "bench-latency")
+    paths = write_rows(rows, out_dir, "latency")
+    console.print(f"results: {', '.join(str(p) for p in paths)}")
+
+
 @bench_app.command("codec")
 def bench_codec_cmd(
     repeat: Annotated[int, typer.Option(min=1, help="Timed runs per case (median reported).")] = 5,
@@ -258,6 +382,69 @@ def bench_codec_cmd(
     console.print(f"results: {', '.join(str(p) for p in paths)}")
 
 
+@bench_app.command("stream")
+def bench_stream_cmd(
+    transports: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated transports whose streams to measure (names or schemes), or 'all'."
+        ),
+    ] = "tcp,zmq,flight",
+    records: Annotated[
+        int, typer.Option(min=1, help="Rows per batch (x columns x 8 bytes: 4096 -> 128 KiB).")
+    ] = 4096,
+    columns: Annotated[int, typer.Option(min=1, help="int64 columns per batch.")] = 4,
+    batches: Annotated[int, typer.Option(min=1, help="Batches per stream.")] = 1000,
+    streams: Annotated[int, typer.Option(min=1, help="Streams at once.")] = 1,
+    window: Annotated[int, typer.Option(min=1, help="Batches in flight per stream.")] = 16,
+    repeat: Annotated[int, typer.Option(min=1, help="Trials per contender (median).")] = 5,
+    out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
+) -> None:
+    """Record batches one way: each transport's streams vs pyarrow Flight DoGet, same run.
+
+    The Arrow Flight benchmark's workload; MB/s, batches/s and each batch's wait p50 / p95 /
+    p99 / max (microseconds), medians over interleaved trials, sender and receiver pinned
+    to different CPUs.
+    """
+    from tensorwire.bench.progress import progress_bar
+    from tensorwire.bench.stream import bench_stream
+    from tensorwire.bench.tables import print_table, write_rows
+
+    names = _transports_option(transports)
+    contenders = len(names) + 1
+    with progress_bar() as bar:
+        task = bar.add_task("stream trials", total=repeat * contenders)
+        rows = bench_stream(
+            names,
+            records=records,
+            columns=columns,
+            batches=batches,
+            streams=streams,
+            window=window,
+            repeat=repeat,
+            progress=lambda: bar.advance(task),
+        )
+    title = (
+        f"{batches} batches of {records} x {columns} int64 ({records * columns * 8:,} bytes), "
+        f"{streams} stream(s), median of {repeat}"
+    )
+    cols = [
+        "contender",
+        "mb_per_s",
+        "batches_per_s",
+        "p50_us",
+        "p95_us",
+        "p99_us",
+        "max_us",
+        "vs_flight",
+        "complete",
+    ]
+    print_table(rows, title, cols, console)
+    out_dir = _out_dir(out, "bench-stream")
+    paths = write_rows(rows, out_dir, "stream")
+    console.print(f"results: {', '.join(str(p) for p in paths)}")
+
+
 def _floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(t) for t in _split(text))
@@ -278,39 +465,60 @@ def bench_fl_cmd(
         str | None,
         typer.Option(help=_protocols_help()),
     ] = None,
-    models: Annotated[str | None, typer.Option(help="vgg5, vgg8. Default: vgg5,vgg8.")] = None,
+    models: Annotated[
+        str | None, typer.Option(help="Comma-separated: vgg5, vgg8. Default: vgg5,vgg8.")
+    ] = None,
     profiles: Annotated[
         str | None,
         typer.Option(
-            help="Link profiles, ';'-separated: 3g, 4g, wifi, lan, none or custom such as "
-            "'20mbit,delay=30ms'. Default: 3g;4g;wifi."
+            help="Comma-separated link profiles: 3g, 4g, wifi, lan, none, or custom: a rate "
+            "or profile and its key=value settings, e.g. 3g,20mbit,delay=30ms,loss=1% "
+            "(two profiles). Default: 3g,4g,wifi."
         ),
     ] = None,
     loss: Annotated[
-        str | None, typer.Option(help="Packet loss fractions, e.g. 0,0.05,0.1,0.2. Default: 0.")
+        str | None,
+        typer.Option(help="Comma-separated packet loss fractions, e.g. 0,0.05,0.1. Default: 0."),
     ] = None,
     stress: Annotated[
-        str | None, typer.Option(help="Stress kinds: none, cpu, network. Default: none.")
+        str | None,
+        typer.Option(help="Comma-separated stress kinds: none, cpu, network. Default: none."),
     ] = None,
     uplink: Annotated[
         str | None,
         typer.Option(
-            help="Uplink compressors: none fp16 bf16 int8 qsgd topk randomk dgc signsgd. "
-            "Default: none."
+            help="Comma-separated uplink compressors: none, fp16, bf16, int8, qsgd, topk, "
+            "randomk, dgc, signsgd. Default: none."
         ),
     ] = None,
     downlink: Annotated[
         str | None,
         typer.Option(
-            help="Downlink modes: none, fp16, delta (XOR with the previous global model, "
-            "zstd; lossless, and small after a sparse uplink). Default: none."
+            help="Comma-separated downlink modes: none, fp16, delta (XOR with the previous "
+            "global model, zstd; lossless, and small after a sparse uplink). Default: none."
         ),
     ] = None,
     security: Annotated[
         str | None,
         typer.Option(
-            help="none, tls (enrolled devices with per-device keys, encrypted traffic: "
-            "tensorwire certs per experiment). Default: none."
+            help="Comma-separated: none, tls (enrolled devices with per-device keys, "
+            "encrypted traffic: tensorwire certs per experiment). Default: none."
+        ),
+    ] = None,
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated: star (a shaped link per device), shared (one shaped access "
+            "link in front of the server), shared-broker-near (the same, the broker on the "
+            "devices' side of it). Default: star."
+        ),
+    ] = None,
+    links: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Per-device link profiles, one per device, e.g. 3g,4g,4g,wifi (';' between "
+            "custom profiles with commas); give it again for another set, 'uniform' for none. "
+            "On a star they replace --profiles. Default: uniform."
         ),
     ] = None,
     ratio: Annotated[
@@ -336,12 +544,31 @@ def bench_fl_cmd(
         Path | None,
         typer.Option(help="Go on with the run in this directory, with the matrix it recorded."),
     ] = None,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Start a long run without asking (a run over "
+            f"{CONFIRM_ABOVE_S // 60} minutes asks first on a terminal, and without one "
+            "needs --yes).",
+        ),
+    ] = False,
 ) -> None:
-    """FedAvg over every protocol on the emulated testbed (FedComm): table, figures, report."""
+    """FedAvg over every protocol on the emulated testbed (FedComm): table, figures, report.
+
+    Needs root (network namespaces shape each device's link); without, it runs unshaped on
+    loopback and labels every output so. Prints the matrix's size and estimated time first.
+    """
     import json
 
     from tensorwire.bench.fl import run_matrix
-    from tensorwire.bench.fl_matrix import Matrix, protocol_name, registered_protocols
+    from tensorwire.bench.fl_matrix import (
+        Matrix,
+        parse_links,
+        protocol_name,
+        registered_protocols,
+    )
 
     if resume is not None:
         try:
@@ -355,14 +582,14 @@ def bench_fl_cmd(
             if protocols in (None, "all")
             else tuple(protocol_name(p) for p in _split(protocols)),
             "models": tuple(_split(models)) if models else None,
-            "profiles": tuple(p.strip() for p in profiles.split(";") if p.strip())
-            if profiles
-            else None,
+            "profiles": split_profiles(profiles) if profiles else None,
             "losses": _floats(loss) if loss else None,
             "stresses": tuple(_split(stress)) if stress else None,
             "uplinks": tuple(_split(uplink)) if uplink else None,
             "downlinks": tuple(_split(downlink)) if downlink else None,
             "securities": tuple(_split(security)) if security else None,
+            "topologies": tuple(_split(topology)) if topology else None,
+            "links": tuple(parse_links(each) for each in links) if links else None,
             "ratio": ratio,
             "rounds": rounds,
             "epochs": epochs,
@@ -378,6 +605,7 @@ def bench_fl_cmd(
             "rounds": 5,
         }
         base = Matrix.quick().to_config() if quick else {**Matrix.quick().to_config(), **full}
+        _check_fl_choices(given)
         try:
             matrix = Matrix.from_config(
                 {**base, **{k: v for k, v in given.items() if v is not None}}
@@ -385,6 +613,7 @@ def bench_fl_cmd(
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         out = _out_dir(out, "bench-fl")
+    _announce(matrix, ask=not quick and resume is None and not yes)
     started = time.monotonic()
     try:
         summary = run_matrix(matrix, out, say=console.print)
@@ -400,6 +629,99 @@ def bench_fl_cmd(
         f"{summary.label}; wall time {time.monotonic() - started:.0f} s"
     )
     console.print(f"report: {summary.report}")
+
+
+_EXPERIMENT_S = 40.0  # per experiment: testbed, broker, processes, the first round's warm-up
+_ROUND_S = 3.0  # per round: evaluation, aggregation, counters
+# Training seconds per sample and CPU core, measured on this project's 2-core machine.
+_TRAIN_S_PER_SAMPLE = {"vgg5": 0.005, "vgg8": 0.024}
+_TRAIN_SAMPLES = {"digits": 1437, "synthetic": 400, "cifar10": 50000}
+_MODEL_BYTES = {"vgg5": 582_346 * 4, "vgg8": 1_337_898 * 4}
+
+
+def _check_fl_choices(given: dict) -> None:
+    """Models and datasets the FL runtime has, checked before anything starts."""
+    from tensorwire.fl.data import DATASETS
+    from tensorwire.fl.models import VGG_LAYOUTS
+
+    for model in given["models"] or ():
+        if model.lower() not in VGG_LAYOUTS:
+            raise typer.BadParameter(
+                f"no model {model!r}; choose among {', '.join(VGG_LAYOUTS)}",
+                param_hint="--models",
+            )
+    if given["dataset"] is not None and given["dataset"] not in DATASETS:
+        raise typer.BadParameter(
+            f"no dataset {given['dataset']!r}; choose among {', '.join(DATASETS)}",
+            param_hint="--dataset",
+        )
+
+
+def estimate_seconds(matrix: Matrix, cores: int | None = None) -> float:
+    """A rough wall time for the experiments of ``matrix``: training from the dataset's size
+    and the model, transfers from the model's bytes and the profile's rate, plus a fixed cost
+    per round and per experiment; loss and stress lengthen them. An estimate, to decide
+    whether to start, not a measurement."""
+    from tensorwire.testbed.profile import as_profile
+
+    cores = cores or len(os.sched_getaffinity(0))
+    total = 0.0
+    for exp in matrix.experiments():
+        model = exp.model.lower()
+        per_sample = _TRAIN_S_PER_SAMPLE.get(model, max(_TRAIN_S_PER_SAMPLE.values()))
+        samples = _TRAIN_SAMPLES.get(exp.dataset, 50000) / exp.clients
+        train = exp.epochs * samples * per_sample * max(1.0, exp.clients / cores)
+        rate = as_profile(exp.profile).rate or 1e9
+        comm = 2 * _MODEL_BYTES.get(model, max(_MODEL_BYTES.values())) * 8 / rate
+        comm *= 1 + 10 * exp.loss
+        if exp.stress == "cpu":
+            train *= 2
+        elif exp.stress == "network":
+            comm *= 1.5
+        total += _EXPERIMENT_S + exp.rounds * (train + comm + _ROUND_S)
+    return total
+
+
+def _duration(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _announce(matrix: Matrix, ask: bool) -> None:
+    """Say what a bench fl run holds, what it needs and about how long it takes; for a long
+    one, ask (on a terminal) or stop unless --yes was given."""
+    from tensorwire.bench.fl import protocol_problem
+    from tensorwire.testbed import probe_capabilities
+
+    experiments = matrix.experiments()
+    problems = {p: protocol_problem(p) for p in matrix.protocols}
+    runnable = [e for e in experiments if problems[e.protocol] is None]
+    left_out = sorted(p for p, why in problems.items() if why)
+    kept = tuple(p for p in matrix.protocols if problems[p] is None)
+    seconds = estimate_seconds(dataclasses.replace(matrix, protocols=kept)) if kept else 0.0
+    caps = probe_capabilities()
+    if caps.mode is None:
+        why = "; ".join(caps[n].reason for n in ("root", "userns", "netns") if n in caps.items)
+        where = f"no network namespaces here ({why}): an unshaped loopback run"
+    else:
+        where = f"network namespaces ({caps.mode}) shape each device's link"
+    skipped = len(experiments) - len(runnable)
+    console.print(
+        f"bench fl: {len(experiments)} experiment(s), {matrix.rounds} round(s) each"
+        + (f", {skipped} left out ({', '.join(left_out)})" if left_out else "")
+        + f"; about {_duration(seconds)} here (a rough estimate). It needs root for network "
+        f"namespaces; {where}."
+    )
+    if not ask or seconds <= CONFIRM_ABOVE_S:
+        return
+    if sys.stdin.isatty():
+        typer.confirm("Start it?", abort=True)
+        return
+    err_console.print(
+        f"error: this run would take about {_duration(seconds)}: add --yes to start it, "
+        "or narrow it (--protocols, --models, --profiles, --rounds; --quick is the short one)"
+    )
+    raise typer.Exit(1)
 
 
 def _print_fl_table(run_dir: Path) -> None:
@@ -427,7 +749,9 @@ def _print_fl_table(run_dir: Path) -> None:
         "retrans_segs": "retrans/round",
         "final_accuracy_pct": "final acc %",
     }
-    rows = table.rename(columns=names).to_dict("records")
+    rows = [
+        {str(k): v for k, v in r.items()} for r in table.rename(columns=names).to_dict("records")
+    ]
     labels = list(dict.fromkeys(frame["label"]))
     if len(labels) > 1:  # one per profile: the run's own label says it shorter
         labels = [json.loads((run_dir / "manifest.json").read_text()).get("label", "")]
@@ -483,5 +807,24 @@ def certs_cmd(
         console.print(f"{cid}: " + ", ".join(str(f) for f in files.values()))
 
 
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    text = lines[0] + (" ..." if len(lines) > 1 else "") if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def main() -> None:
-    app()
+    """The ``tensorwire`` command: an error is one line (the traceback with --debug)."""
+    try:
+        app()
+    except Exception as exc:
+        if _debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        hint = "" if isinstance(exc, TensorwireError | OSError) else " (a bug? please report it)"
+        err_console.print(
+            f"[red]error:[/] {escape(_one_line(exc))}{hint}  [dim](tensorwire --debug ... "
+            "shows the traceback)[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(1)

@@ -1,0 +1,140 @@
+"""The ``tensorwire`` command as a newcomer meets it: one-line errors (the traceback with
+--debug), retries that say so, comma-separated lists, choices checked before anything starts,
+and a long ``bench fl`` that says how long and asks first. Run as users run it, in a
+subprocess with no terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorwire.bench.fl_matrix import Matrix, registered_protocols
+from tensorwire.cli.app import CONFIRM_ABOVE_S, estimate_seconds, split_profiles
+
+
+@pytest.fixture(autouse=True)
+def _logger_as_it_was():
+    """The command sends tensorwire's logs to its own handler; other tests' caplog needs them
+    back on the root logger after an in-process run."""
+    logger = logging.getLogger("tensorwire")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
+def tensorwire(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "TENSORWIRE_DEBUG"} | {"COLUMNS": "200"},
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_profiles_are_comma_separated_and_keep_their_settings(capsys):
+    assert split_profiles("3g,4g") == ("3g", "4g")
+    assert split_profiles("3g, 20mbit,delay=30ms,loss=1%,wifi") == (
+        "3g",
+        "20mbit,delay=30ms,loss=1%",
+        "wifi",
+    )
+    assert capsys.readouterr().err == ""
+    # the old separator still works, and says it is deprecated
+    assert split_profiles("3g;20mbit,delay=30ms") == ("3g", "20mbit,delay=30ms")
+    assert "deprecated" in capsys.readouterr().err
+
+
+def test_a_runtime_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    done = tensorwire("certs", "--out", str(blocked / "certs"))
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and "Error" in lines[0] and "--debug" in lines[0]
+    debug = tensorwire("--debug", "certs", "--out", str(blocked / "certs"))
+    assert debug.returncode == 1
+    assert "Traceback" in debug.stderr or "────" in debug.stderr, debug.stderr
+    assert len(debug.stderr.splitlines()) > 5
+
+
+def test_a_device_that_cannot_reach_its_server_says_so_while_it_retries():
+    url = f"tcp://127.0.0.1:{closed_port()}"
+    done = tensorwire("fl", "client", "--url", url, "--id", "1", "--timeout", "3")
+    assert done.returncode == 1
+    assert f"cannot reach {url}" in done.stderr and "retrying (1; giving up in" in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "TransportTimeout" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--models", "vgg99"], "no model 'vgg99'; choose among vgg5, vgg8"),
+        (["--dataset", "mnist"], "no dataset 'mnist'"),
+        (["--protocols", "tcp,carrier-pigeon"], "protocol 'carrier-pigeon': choose among"),
+        (["--profiles", "3g,5g"], "5g"),
+    ],
+)
+def test_bench_fl_checks_its_choices_before_anything_starts(tmp_path, args, says):
+    out = tmp_path / "run"
+    done = tensorwire("bench", "fl", "--quick", "--out", str(out), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert says in " ".join((done.stdout + done.stderr).split()).replace("│", "").replace("  ", " ")
+    assert not out.exists()
+
+
+def test_the_full_matrix_says_its_size_and_time_and_waits_for_yes(tmp_path):
+    out = tmp_path / "run"
+    done = tensorwire("bench", "fl", "--out", str(out))
+    assert done.returncode == 1, done.stdout + done.stderr
+    text = " ".join(done.stdout.split())
+    protocols = len(registered_protocols())
+    assert f"bench fl: {protocols * 2 * 3} experiment(s), 5 round(s) each" in text
+    assert "needs root for network namespaces" in text and "about" in text
+    assert "add --yes to start it" in done.stderr
+    assert not out.exists()  # nothing started
+
+
+def test_the_estimate_grows_with_the_work():
+    quick = Matrix.quick()
+    assert 60 < estimate_seconds(quick, cores=2) < CONFIRM_ABOVE_S  # quick never asks
+    longer = Matrix(protocols=quick.protocols, rounds=6)
+    slower = Matrix(protocols=quick.protocols, profiles=("3g",))
+    bigger = Matrix(protocols=quick.protocols, models=("vgg8",))
+    for matrix in (longer, slower, bigger):
+        assert estimate_seconds(matrix, cores=2) > estimate_seconds(quick, cores=2)
+    assert estimate_seconds(quick, cores=8) < estimate_seconds(quick, cores=2)
+
+
+def test_help_lists_the_protocols_and_says_lists_are_comma_separated():
+    done = tensorwire("bench", "fl", "--help")
+    text = " ".join(done.stdout.replace("│", " ").split())
+    for protocol in registered_protocols():
+        assert protocol in text
+    assert "';'" not in text and "Comma-separated link profiles" in text
+    assert "--yes" in text
+
+
+def test_python_m_and_the_script_are_the_same_command():
+    assert Path(sys.executable).with_name("tensorwire").exists()
+    assert tensorwire("--version").stdout.startswith("tensorwire ")
