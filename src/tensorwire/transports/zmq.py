@@ -35,15 +35,28 @@ from its I/O thread either way (measured alike for 8 clients x 16 MiB), and a RO
 each client's messages in one ordered stream and needs no subscription handshake.
 
 Threads. ZeroMQ sockets are not thread-safe. The hub's ROUTER is guarded by a lock: a send
-runs in the calling thread (no hand-off to another thread), and a reader thread takes the lock
-only to read, waiting outside it on the socket's ``ZMQ_FD``. The hub learns of lost
-connections from a socket monitor (``DISCONNECTED`` names the file descriptor; ``ZMQ_SRCFD``
-of the hello ties it to a session). libzmq queues a connection's last messages on the ROUTER
-before it reports the connection closed, so a client leaves only once a read that began after
-its ``DISCONNECTED`` found the ROUTER empty: what it sent just before closing is delivered
-first. A channel's DEALER is used by whichever thread calls ``send``/``recv``, one at a time:
-a thread that needs it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a
-socketpair, so a channel used from one thread pays no hand-off either.
+runs in the calling thread (no hand-off to another thread). Reading is a turn: a thread in
+``hub.recv`` reads the ROUTER itself and returns the first message it completes, so a message
+is not handed from a reader thread to the caller; while nobody is in ``recv`` (and for
+``CALLER_LINGER_S`` after, so that back-to-back calls find the ROUTER free) the hub's reader
+thread reads, so joins, leaves and ``gather`` are served. Whoever reads takes the lock only to
+read, and waits outside it in one ``poll`` on the ROUTER's ``ZMQ_FD``, the monitor's and a
+wake-up socketpair. ``ZMQ_FD`` is edge-triggered: it is waited on only after ``ZMQ_EVENTS``
+found the socket empty (no ``zmq.Again`` raised per message), and a send that may have taken
+its edge while a reader waits wakes it. The hub learns of lost connections from a socket
+monitor (``DISCONNECTED`` names the file descriptor; ``ZMQ_SRCFD`` of the hello ties it to a
+session). libzmq queues a connection's last messages on the ROUTER before it reports the
+connection closed, so a client leaves only once a read that began after its ``DISCONNECTED``
+found the ROUTER empty: what it sent just before closing is delivered first. A channel's
+DEALER is used by whichever thread calls ``send``/``recv``, one at a time: a thread that needs
+it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a socketpair, so a channel
+used from one thread pays no hand-off either.
+
+Small messages. A message under pyzmq's copy threshold (64 KiB) is one frame, joined once and
+copied into libzmq's message: a zero-copy frame would cost a tracker and a trip through
+pyzmq's garbage-collector thread when libzmq releases it. Round trips then make about the
+system calls pyzmq's own ``send``/``recv`` make (libzmq's ``getpid`` and ``poll`` on its
+mailbox), plus the one ``poll`` above; ``docs/transports/zmq.md`` section 11 gives figures.
 
 Security. With ``tls=`` (or ``curve=``) the connection is encrypted with ZeroMQ's CURVE: the
 hub's key pair comes from ``curve=`` (default ``hub.curve`` beside ``tls.cert``), a client
@@ -63,12 +76,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import selectors
+import select
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +137,8 @@ FULL_WAIT_S = (0.0002, 0.002)  # first and longest wait between tries of a full 
 HEARTBEAT_IVL_MS = 5_000  # ZMTP pings find connections whose peer vanished without a FIN
 HEARTBEAT_TIMEOUT_MS = 30_000
 READ_BATCH = 64  # ZeroMQ messages the hub reads per hold of the ROUTER lock
+CALLER_LINGER_S = 0.02  # the hub's reader thread leaves the ROUTER to recv callers this long
+WAKE_BYTES = 4096  # wake-up bytes a woken reader takes in one read
 HANDSHAKE_RESETS = 3  # handshakes a hub closed in one dial: its encryption does not match
 URL_OPTIONS = ("curve",)  # beside the security options serve/connect take out of every URL
 CURVE_KEY_CHARS = 40  # a CURVE key (32 bytes) in Z85
@@ -284,7 +299,7 @@ def _configure(sock: zmq.Socket, host: str) -> None:
 
 
 def _waker() -> tuple[socket.socket, socket.socket]:
-    """A socketpair whose read end a ``zmq.Poller`` watches, so other threads can wake it."""
+    """A socketpair whose read end a waiting reader polls, so other threads can wake it."""
     r, w = socket.socketpair()
     r.setblocking(False)
     w.setblocking(False)
@@ -297,9 +312,18 @@ def _wake(w: socket.socket) -> None:
 
 
 def _drain(r: socket.socket) -> None:
+    """Take the pending wake-ups: one read (more than WAKE_BYTES left wake the next poll)."""
     with contextlib.suppress(OSError):
-        while r.recv(4096):
-            pass
+        r.recv(WAKE_BYTES)
+
+
+def _poller(*fds: int) -> select.poll:
+    """A ``poll`` object on ``fds`` (readable): one system call per wait, where a
+    ``zmq.Poller`` asks libzmq for every socket's events before and after it."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return poller
 
 
 def _poll_ms(seconds: float | None) -> int | None:
@@ -323,12 +347,15 @@ def _batches(enc: EncodedMessage) -> Iterator[list[bytes | memoryview]]:
 _SEND_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _SEND_LAST = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+# Below it a frame is copied into libzmq's message (as pyzmq does with copy=False too): cheaper
+# than a zero-copy frame, whose release goes through pyzmq's garbage-collector thread.
+_COPY_BYTES = zmq.COPY_THRESHOLD
 
 
 def _frames(marker: bytes, batch: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """``batch`` as frames: each buffer from pyzmq's copy threshold up zero-copy on its own,
     each run of smaller ones joined into one (pyzmq would copy them anyway), the marker first."""
-    threshold = zmq.COPY_THRESHOLD
+    threshold = _COPY_BYTES
     frames: list[bytes | memoryview] = []
     run: list[bytes | memoryview] = [marker]
     for buf in batch:
@@ -346,6 +373,9 @@ def _frames(marker: bytes, batch: list[bytes | memoryview]) -> list[bytes | memo
 
 def _pieces(enc: EncodedMessage) -> Iterator[list[bytes | memoryview]]:
     """``enc`` as the frames of its ZeroMQ messages, in order (see the module doc)."""
+    if enc.nbytes < _COPY_BYTES:  # one frame, which libzmq copies: join it in one go
+        yield [b"".join([START, *enc.frames()])]
+        return
     marker = START
     for batch in _batches(enc):
         yield _frames(marker, batch)
@@ -379,22 +409,46 @@ def _queue_piece(
     """Queue one ZeroMQ message ``[envelope, *piece]`` without blocking; False (nothing queued)
     if the peer's queue is full, or for a DEALER, not connected.
 
-    Appends the trackers of the frames libzmq shares with us (zero-copy, from pyzmq's copy
-    threshold up) to ``trackers``: the caller waits on them before the arrays may change.
+    Frames under pyzmq's copy threshold are copied; bigger ones are shared with libzmq
+    (zero-copy), and for those that may be the caller's memory (anything but ``bytes``) the
+    trackers go to ``trackers``: the caller waits on them before the arrays may change.
     libzmq checks the high-water mark only at a message's first frame, so only that one can
     find the queue full.
     """
     parts = piece if envelope is None else [envelope, *piece]
     last = len(parts) - 1
-    try:
-        sent = [sock.send(parts[0], _SEND_MORE if last else _SEND_LAST, copy=False, track=True)]
-    except zmq.Again:
-        return False
-    for i in range(1, last + 1):
+    for i, part in enumerate(parts):
         flags = _SEND_MORE if i < last else _SEND_LAST
-        sent.append(sock.send(parts[i], flags, copy=False, track=True))
-    trackers.extend(t for t in sent if not t.done)
+        try:
+            if len(part) < _COPY_BYTES:
+                sock.send(part, flags)
+                continue
+            mine = isinstance(part, bytes)  # immutable: nobody can change it while queued
+            tracker = sock.send(part, flags, copy=False, track=not mine)
+        except zmq.Again:
+            if i:
+                raise
+            return False
+        if tracker is not None and not tracker.done:
+            trackers.append(tracker)
     return True
+
+
+def _readable(sock: zmq.Socket) -> bool:
+    """Whether ``sock`` holds a message, without raising as a failed read does. libzmq takes
+    the socket's pending commands first, so when it says no, the socket's FD is armed: it
+    signals the next change (ZMQ_FD is edge-triggered)."""
+    return bool(sock.get(_EVENTS) & _POLLIN)
+
+
+def _recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
+    """The frames of the ZeroMQ message ``sock`` holds (call after :func:`_readable`)."""
+    frame = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:  # set by pyzmq from ZMQ_RCVMORE, without a getsockopt call of ours
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def _wait_released(trackers: list[zmq.MessageTracker], deadline: float | None, to: str) -> None:
@@ -531,8 +585,9 @@ class ZmqHub(Hub):
     every connection is encrypted with CURVE. Clients are identified by ``auth=`` (their
     enrolled secrets); ``tls.ca`` without them is refused (CURVE cannot check certificates).
 
-    ``on_join`` / ``on_leave`` run on the hub's reader thread: while they run no message is
-    read, so keep them short (sending from them is fine).
+    ``on_join`` / ``on_leave`` run on the thread that reads the ROUTER (the hub's reader
+    thread, or one in :meth:`recv`): while they run no message is read, so keep them short
+    (sending from them is fine).
     """
 
     protocol = "zmq"
@@ -564,13 +619,24 @@ class ZmqHub(Hub):
         self.url = "zmq+" + self._router.last_endpoint.decode()
         self._lock = threading.Lock()  # whoever holds it may use the ROUTER (and _route)
         self._stopping = False
+        self._polling = False  # a reader may wait on the ROUTER's FD (guarded by _lock)
         self._route: dict[str, bytes] = {}  # client id -> routing id of its current session
-        # Owned by the reader thread:
+        # Who reads the ROUTER (the reader thread or a recv caller: see recv), under _turns:
+        turns = threading.Lock()
+        self._turn = threading.Condition(turns)  # recv callers wait here for their turn
+        self._parked = threading.Condition(turns)  # the reader thread waits here for its turn
+        self._reader: int | None = None  # thread id of the one reading now
+        self._callers = 0  # recv calls that read, or wait to
+        self._callers_left_at = 0.0  # time.monotonic() when the last one stopped reading
+        # Owned by whoever reads:
         self._peers: dict[bytes, _Peer] = {}  # routing id -> its session
         self._strangers: dict[bytes, _Reassembler] = {}  # no session, a message unfinished
         self._on_fd: dict[int, bytes] = {}  # fd of a session's connection -> its routing id
         self._closing: list[_Peer] = []  # sessions whose connection closed, not yet left
+        self._monitor_due = True  # its FD signals only after a read found it empty: read it
         self._wake_r, self._wake_w = _waker()
+        self._monitor_fd, self._wake_fd = self._monitor.fd, self._wake_r.fileno()
+        self._poll = _poller(self._router.fd, self._monitor_fd, self._wake_fd)
         self._io = threading.Thread(target=self._run, name="tensorwire-zmq-hub", daemon=True)
         self._io.start()
 
@@ -591,50 +657,141 @@ class ZmqHub(Hub):
             )
         return _hub_curve_keys(_hub_curve_file(curve, self.tls))
 
-    # -- the reader thread -------------------------------------------------------------
+    # -- reading: the reader thread, or a thread in recv --------------------------------
+
+    def recv(self, timeout: float | None = None) -> tuple[str, Message]:
+        """The next message from any client, as ``(client_id, message)``.
+
+        The calling thread reads the ROUTER itself (no hand-off from the reader thread, which
+        stays away while recv is called, and for CALLER_LINGER_S after); a second caller
+        waits for its turn, or for a message the first one read.
+        """
+        deadline = deadline_after(timeout)
+        with self._cond:
+            if self._inbox:
+                return self._inbox.popleft()
+        reading = False
+        with self._turn:
+            self._callers += 1
+        try:
+            with self._turn:
+                while self._reader is not None:
+                    if self._reader == self._io.ident:
+                        _wake(self._wake_w)  # out of its poll: it gives way to callers
+                    left = remaining(deadline)
+                    if left == 0.0:
+                        raise TransportTimeout(f"no message within {timeout} s")
+                    self._turn.wait(left)
+                    with self._cond:
+                        if self._inbox:  # the caller before us read it
+                            return self._inbox.popleft()
+                self._reader = threading.get_ident()
+                reading = True
+            return self._read_for_caller(deadline, timeout)
+        finally:
+            with self._turn:
+                self._callers -= 1
+                if reading:
+                    self._reader = None
+                    self._polling = False  # nobody waits on the FD until the next read
+                    self._callers_left_at = time.monotonic()
+                self._turn.notify_all()  # the next caller's turn
+
+    def _read_for_caller(
+        self, deadline: float | None, timeout: float | None
+    ) -> tuple[str, Message]:
+        while True:
+            if self._stopping:
+                raise TransportTimeout(f"no message within {timeout} s: the hub is closed")
+            empty = self._read_step(1)  # one at a time: return what the first one brings
+            with self._cond:
+                if self._inbox:
+                    return self._inbox.popleft()
+            if empty:
+                left = remaining(deadline)
+                if left == 0.0:
+                    raise TransportTimeout(f"no message within {timeout} s")
+                self._wait(left)
 
     def _run(self) -> None:
-        # ZMQ_FD is edge-triggered: wait on it only after a read that ended in EAGAIN; a
-        # sender that may have consumed its edge wakes us instead (_check_readable).
-        selector = selectors.DefaultSelector()
-        for fd in (self._router.fd, self._monitor.fd, self._wake_r.fileno()):
-            selector.register(fd, selectors.EVENT_READ)
-        with selector:
-            while not self._stopping:
-                self._read_monitor()
-                closed_before_read = len(self._closing)
-                batch, more = self._read_batch()
-                for frames in batch:
-                    ident = frames[0].bytes
-                    try:
-                        self._on_message(ident, frames[1:])
-                    except Exception:  # e.g. an on_join callback that raised: serve the others
-                        log.exception("zmq: handling a message from %r failed", _peer_name(ident))
-                del batch  # hand libzmq its buffers back before waiting
-                if more:
-                    continue
-                # The ROUTER was empty: it held the last messages of connections closed earlier.
-                self._forget_closed(closed_before_read)
-                if not self._stopping and not self._closing:
-                    selector.select()
-                    _drain(self._wake_r)
+        """The reader thread: reads the ROUTER while no recv caller does."""
+        me = threading.get_ident()
+        while True:
+            with self._turn:
+                while not self._stopping:
+                    # Callers do not wake it when they stop: it looks again every linger.
+                    if self._callers or self._reader is not None:
+                        self._parked.wait(CALLER_LINGER_S)
+                        continue
+                    idle = time.monotonic() - self._callers_left_at
+                    if idle >= CALLER_LINGER_S:
+                        break
+                    self._parked.wait(CALLER_LINGER_S - idle)
+                if self._stopping:
+                    return
+                self._reader = me
+            try:
+                while not (self._callers or self._stopping):
+                    if self._read_step(READ_BATCH) and not (self._callers or self._stopping):
+                        self._wait(None)
+            except Exception:  # serve on: the next read may do better
+                log.exception("zmq: the hub's reader thread failed a read")
+            finally:
+                with self._turn:
+                    self._reader = None
+                    self._polling = False  # nobody waits on the FD until the next read
+                    self._turn.notify_all()
 
-    def _read_batch(self) -> tuple[list[list[zmq.Frame]], bool]:
-        """Up to READ_BATCH messages, and whether more may be waiting (no EAGAIN seen)."""
+    def _read_step(self, limit: int) -> bool:
+        """Read and handle up to ``limit`` messages; True if the ROUTER was found empty and no
+        closed connection waits for another read (then wait before the next step)."""
+        if self._monitor_due:
+            self._monitor_due = False
+            self._read_monitor()
+        closed_before_read = len(self._closing)
+        batch, more = self._read_batch(limit)
+        for frames in batch:
+            ident = frames[0].bytes
+            try:
+                self._on_message(ident, frames[1:])
+            except Exception:  # e.g. an on_join callback that raised: serve the others
+                log.exception("zmq: handling a message from %r failed", _peer_name(ident))
+        del batch  # hand libzmq its buffers back before waiting
+        if more:
+            return False
+        # The ROUTER was empty: it held the last messages of connections closed earlier.
+        self._forget_closed(closed_before_read)
+        return not self._closing
+
+    def _wait(self, seconds: float | None) -> None:
+        """Wait until the ROUTER or its monitor may have news, a wake-up, or ``seconds``.
+
+        ZMQ_FD is edge-triggered: wait on it only after the ROUTER was found empty; a sender
+        that may have consumed its edge meanwhile wakes us instead (_check_readable)."""
+        for fd, _ in self._poll.poll(_poll_ms(seconds)):
+            if fd == self._monitor_fd:
+                self._monitor_due = True
+            elif fd == self._wake_fd:
+                _drain(self._wake_r)
+
+    def _read_batch(self, limit: int) -> tuple[list[list[zmq.Frame]], bool]:
+        """Up to ``limit`` messages, and whether more may be waiting (not found empty)."""
         batch: list[list[zmq.Frame]] = []
         with self._lock:
+            self._polling = False
             if self._stopping:
                 return batch, False
-            for _ in range(READ_BATCH):
-                try:
-                    batch.append(self._router.recv_multipart(zmq.NOBLOCK, copy=False))
-                except zmq.Again:
+            for _ in range(limit):
+                if not _readable(self._router):
+                    self._polling = True
                     return batch, False
+                batch.append(_recv_frames(self._router))
         return batch, True
 
     def _check_readable(self) -> None:
-        """After using the ROUTER (lock held): wake the reader if that consumed its FD edge."""
-        if self._router.get(_EVENTS) & _POLLIN:
+        """After using the ROUTER (lock held): wake a reader that may wait on its FD if that
+        use consumed the FD's edge (a send can process the ROUTER's pending commands)."""
+        if self._polling and _readable(self._router):
             _wake(self._wake_w)
 
     def _read_monitor(self) -> None:
@@ -686,7 +843,10 @@ class ZmqHub(Hub):
         closed, self._closing = self._closing[:n], self._closing[n:]
         for peer in closed:
             if self._peers.get(peer.ident) is peer:
-                self._end(peer, "connection lost")
+                try:
+                    self._end(peer, "connection lost")
+                except Exception:  # an on_leave callback that raised: the others still leave
+                    log.exception("zmq: ending the session of %r failed", peer.client_id)
 
     def _on_message(self, ident: bytes, frames: list[zmq.Frame]) -> None:
         peer = self._peers.get(ident)
@@ -900,10 +1060,14 @@ class ZmqHub(Hub):
     def _close_transport(self) -> None:
         with self._lock:
             self._stopping = True
-        _wake(self._wake_w)
+        with self._turn:
+            self._parked.notify_all()
+            _wake(self._wake_w)  # out of its poll, whoever reads
+            stopped = self._turn.wait_for(lambda: self._reader is None, timeout=10)
+            self._turn.notify_all()  # callers waiting for a turn: the hub is closed
         self._io.join(timeout=10)
-        if self._io.is_alive():
-            log.error("zmq: the hub's reader thread did not stop; leaving its sockets open")
+        if not stopped or self._io.is_alive():
+            log.error("zmq: the hub's reader did not stop; leaving its sockets open")
             return
         goodbye = next(_pieces(bye("the hub is closing")))
         trackers: list[zmq.MessageTracker] = []
@@ -917,6 +1081,42 @@ class ZmqHub(Hub):
         self._ctx.term()  # returns once the byes are out, or after BYE_TIMEOUT
         self._wake_r.close()
         self._wake_w.close()
+
+
+class _Turns:
+    """One thread at a time on a channel's sockets: ``with turns:``. A thread that finds them
+    taken calls ``wake`` (the holder may wait in ``poll``); the holder, woken, lets it go
+    first (:meth:`step_aside`), so a channel used from one thread pays no hand-off."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._cv = threading.Condition()
+        self._busy = False  # a thread holds the sockets
+        self._waiting = 0  # threads that want them
+        self._wake = wake
+
+    def __enter__(self) -> None:
+        with self._cv:
+            if self._busy:
+                self._waiting += 1
+                self._wake()
+                while self._busy:
+                    self._cv.wait()
+                self._waiting -= 1
+            self._busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._busy = False
+            self._cv.notify_all()
+
+    def step_aside(self) -> None:
+        """Give the sockets to the threads waiting for them; take them back after."""
+        with self._cv:
+            self._busy = False
+            self._cv.notify_all()
+            while self._busy or self._waiting:
+                self._cv.wait()
+            self._busy = True
 
 
 class ZmqChannel(Channel):
@@ -956,9 +1156,7 @@ class ZmqChannel(Channel):
             _check_curve_available()
             self._curve_file = _client_curve_file(curve, tls)
             self._hub_key = _hub_public_key(self._curve_file)
-        self._cv = threading.Condition()
-        self._busy = False  # a thread is using the sockets
-        self._waiting = 0  # threads that want them
+        self._owning = _Turns(lambda: _wake(self._wake_w))  # who uses the sockets
         self._pending: deque[Message | WireError] = deque()
         self._closed = True
         self._refusal: TransportError | None = None  # why this connection's handshake failed
@@ -982,7 +1180,7 @@ class ZmqChannel(Channel):
         self._start(session.session.encode())
         try:
             attempt = deadline_after(CONNECT_ATTEMPT_S)
-            with self._owning():
+            with self._owning:
                 try:
                     self._wait_writable(attempt if deadline is None else min(deadline, attempt))
                 except TransportTimeout:
@@ -1000,7 +1198,7 @@ class ZmqChannel(Channel):
 
     def _start(self, routing_id: bytes) -> None:
         """New sockets, connecting to the hub (in the background: libzmq retries)."""
-        with self._owning():
+        with self._owning:
             self._ctx = zmq.Context()
             self._dealer = self._ctx.socket(zmq.DEALER)
             _configure(self._dealer, self._host)
@@ -1014,13 +1212,15 @@ class ZmqChannel(Channel):
                 self._dealer.curve_secretkey = secret
             self._monitor = self._dealer.get_monitor_socket(_MONITOR_EVENTS)
             self._wake_r, self._wake_w = _waker()
-            self._poller = zmq.Poller()
-            for sock in (self._dealer, self._monitor, self._wake_r):
-                self._poller.register(sock, zmq.POLLIN)
+            self._monitor_fd, self._wake_fd = self._monitor.fd, self._wake_r.fileno()
+            self._poll_in = _poller(self._dealer.fd, self._monitor_fd, self._wake_fd)
+            self._poll_out = _poller(self._dealer.fd, self._monitor_fd)
             self._reader = _Reassembler(self.limits)
             self._pending.clear()
             self._closed = self._lost = self._welcomed = False
             self._refusal = None
+            # A socket's FD signals only after a read found it empty: arm the monitor's.
+            self._read_monitor()
             try:
                 self._dealer.connect(_endpoint(self._host, self._port))
             except zmq.ZMQError as exc:
@@ -1029,33 +1229,10 @@ class ZmqChannel(Channel):
 
     # -- one thread at a time on the sockets -------------------------------------------
 
-    @contextlib.contextmanager
-    def _owning(self) -> Iterator[None]:
-        """Hold the sockets; a ``recv`` waiting in ``poll`` is woken to hand them over."""
-        with self._cv:
-            if self._busy:
-                self._waiting += 1
-                _wake(self._wake_w)
-                while self._busy:
-                    self._cv.wait()
-                self._waiting -= 1
-            self._busy = True
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
-
     def _step_aside(self) -> None:
         """Called by the owner when woken: let the threads that asked go first."""
         _drain(self._wake_r)
-        with self._cv:
-            self._busy = False
-            self._cv.notify_all()
-            while self._busy or self._waiting:
-                self._cv.wait()
-            self._busy = True
+        self._owning.step_aside()
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -1132,7 +1309,7 @@ class ZmqChannel(Channel):
         trackers: list[zmq.MessageTracker] = []
         # The sockets stay ours until the last piece is queued: another sender's pieces
         # must not come between them.
-        with self._owning():
+        with self._owning:
             self._check_usable()
             for piece in _pieces(enc):
                 while not _queue_piece(self._dealer, piece, trackers):
@@ -1141,22 +1318,19 @@ class ZmqChannel(Channel):
 
     def _wait_writable(self, deadline: float | None) -> None:
         """Wait until the DEALER takes a message: connected, and its queue not full."""
-        if self._dealer.get(_EVENTS) & _POLLOUT:
-            return
-        poller = zmq.Poller()
-        poller.register(self._dealer, zmq.POLLOUT)
-        poller.register(self._monitor, zmq.POLLIN)
-        while True:
-            ready = dict(poller.poll(_poll_ms(remaining(deadline))))
-            if self._dealer in ready:
-                return
-            self._read_monitor()
+        # ZMQ_FD signals any change of the events (edge-triggered): wait on it only after
+        # ZMQ_EVENTS said "not writable", and ask again after every wake-up.
+        while not self._dealer.get(_EVENTS) & _POLLOUT:
             self._check_usable()
-            if remaining(deadline) == 0.0:
+            left = remaining(deadline)
+            if left == 0.0:
                 raise TransportTimeout(
                     f"the hub at {self.url} took no message within the timeout (not connected, "
                     f"or its queue of {QUEUE_PIECES} pieces stayed full)"
                 )
+            for fd, _ in self._poll_out.poll(_poll_ms(left)):
+                if fd == self._monitor_fd:
+                    self._read_monitor()
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -1183,21 +1357,19 @@ class ZmqChannel(Channel):
         return event
 
     def _next_frames(self, deadline: float | None) -> list[zmq.Frame]:
-        with self._owning():
+        with self._owning:
             while True:
                 self._check_usable()
-                try:
-                    return self._dealer.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    pass
+                if _readable(self._dealer):
+                    return _recv_frames(self._dealer)
                 left = remaining(deadline)
                 if left == 0.0:
                     raise TransportTimeout(f"no message from the hub at {self.url} in time")
-                ready = dict(self._poller.poll(_poll_ms(left)))
-                if self._monitor in ready:
-                    self._read_monitor()  # lost: what arrived before is still read first
-                if self._wake_r.fileno() in ready:
-                    self._step_aside()
+                for fd, _ in self._poll_in.poll(_poll_ms(left)):
+                    if fd == self._monitor_fd:
+                        self._read_monitor()  # lost: what arrived before is still read first
+                    elif fd == self._wake_fd:
+                        self._step_aside()
 
     # -- closing -----------------------------------------------------------------------
 
@@ -1212,13 +1384,13 @@ class ZmqChannel(Channel):
 
     def _drop(self) -> None:
         """Close the connection without a goodbye."""
-        with self._owning():
+        with self._owning:
             if not self._closed:
                 self._teardown(0.0)
 
     def close(self) -> None:
         """Say goodbye to the hub and close the connection."""
-        with self._owning():
+        with self._owning:
             if self._closed:
                 return
             linger = 0.0
