@@ -516,9 +516,9 @@ def bench_fl_cmd(
     links: Annotated[
         list[str] | None,
         typer.Option(
-            help="Per-device link profiles, one per device, e.g. 3g,4g,4g,wifi (';' between "
-            "custom profiles with commas); give it again for another set, 'uniform' for none. "
-            "On a star they replace --profiles. Default: uniform."
+            help="Per-device link profiles, one per device, e.g. 3g,4g,4g,wifi (a semicolon "
+            "between custom profiles with commas); give it again for another set, 'uniform' "
+            "for none. On a star they replace --profiles. Default: uniform."
         ),
     ] = None,
     ratio: Annotated[
