@@ -490,10 +490,27 @@ class Hub(_Endpoint):
         """``client_id`` is a member now. ``session`` (a connection object) ties the
         membership to one connection, so that an old connection's late :meth:`_left` cannot
         remove the client that has since reconnected."""
+        self._announce_member(
+            client_id, self._make_member(client_id, decoders, session, max_message_bytes)
+        )
+
+    def _make_member(
+        self,
+        client_id: str,
+        decoders: frozenset[str],
+        session: object = None,
+        max_message_bytes: int | None = None,
+    ) -> bool:
+        """The membership half of :meth:`_joined` (no logs, events or callbacks), for a
+        transport that must be a member before its welcome goes out; True if it replaced one."""
         with self._cond:
             replaced = client_id in self._members
             self._members[client_id] = _Member(decoders, max_message_bytes, session)
             self._cond.notify_all()
+        return replaced
+
+    def _announce_member(self, client_id: str, replaced: bool) -> None:
+        """The other half of :meth:`_joined`: the log line, event and ``on_join``."""
         log.info("%s: client %r joined", self.protocol, client_id)
         if self.authenticate is None and not self._open_door_said:
             self._open_door_said = True

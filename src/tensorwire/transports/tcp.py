@@ -135,7 +135,6 @@ class TcpHub(Hub):
             _say(conn, session.refusal(exc))
             raise
         reader.stream.limits = self.limits  # a member: its messages may be as large as ours
-        send_encoded(conn, session.welcome(), deadline)
         return conn, session, reader
 
     def _serve_connection(self, conn: socket.socket, addr: Any) -> None:
@@ -152,14 +151,25 @@ class TcpHub(Hub):
         assert hello is not None
         cid = hello.client_id
         peer = _Peer(cid, conn, threading.Lock())
-        with self._lock:
-            old = self._peers.get(cid)
-            self._peers[cid] = peer
-        if old is not None:
-            log.info("tcp: client %r reconnected from %s; closing its old connection", cid, addr)
-            _shutdown(old.sock)
-        self._joined(cid, hello.decoders, session=peer, max_message_bytes=hello.max_message_bytes)
-        reason = self._read_loop(peer, reader, session)
+        # A member before its welcome goes out (a client that has its welcome can count on the
+        # hub knowing its codecs and limits), and no other send reaches it before the welcome.
+        unwelcome = None
+        with peer.send_lock:
+            with self._lock:
+                old = self._peers.get(cid)
+                self._peers[cid] = peer
+            if old is not None:
+                log.info("tcp: client %r reconnected from %s; closing its old one", cid, addr)
+                _shutdown(old.sock)
+            replaced = self._make_member(
+                cid, hello.decoders, session=peer, max_message_bytes=hello.max_message_bytes
+            )
+            try:
+                send_encoded(conn, session.welcome(), deadline_after(HANDSHAKE_TIMEOUT))
+            except TransportError as exc:
+                unwelcome = f"the welcome could not be sent: {exc}"
+        self._announce_member(cid, replaced)
+        reason = unwelcome or self._read_loop(peer, reader, session)
         with self._lock:
             current = self._peers.get(cid) is peer
             if current:
