@@ -50,3 +50,40 @@ def test_a_delta_that_does_not_fit_the_previous_model_is_refused():
         apply_xor_delta(old, bad)
     with pytest.raises(ValueError, match="different entries"):
         xor_delta({"w": old["w"]}, old)
+
+
+def test_a_dropped_update_gives_back_its_error_feedback_memory():
+    """A device keeps its compressor's memory before each update and puts it back when the
+    server did not apply the update, or asks for the round again: the residual then holds
+    only what applied rounds computed and did not send."""
+    import tensorwire
+    from tensorwire.fl.client import FLDevice
+    from tensorwire.fl.compression import feedback_state, uplink_codec
+    from tensorwire.fl.config import FLConfig
+
+    rng = np.random.default_rng(2)
+    device = FLDevice("device-1")
+    device.selector = uplink_codec(FLConfig(uplink="topk", ratio=0.05))
+    grads = [{"w": rng.standard_normal(4096).astype(np.float32)} for _ in range(3)]
+
+    def send(g):
+        tensorwire.encode({"update": g}, codec=device.selector)
+        return device.selector.residual("update/w")
+
+    after_1 = send(grads[0])
+    device.pending = (2, feedback_state(device.selector))
+    after_2 = send(grads[1])
+    assert not np.array_equal(after_1, after_2)
+    device.roll_back(3, {"dropped": {"device-1": 2}})  # round 2's update was not applied
+    np.testing.assert_array_equal(device.selector.residual("update/w"), after_1)
+    assert device.pending is None
+
+    device.pending = (3, feedback_state(device.selector))
+    after_3 = send(grads[2])
+    device.roll_back(5, {"dropped": {"device-2": 3}})  # applied (someone else's was dropped)
+    np.testing.assert_array_equal(device.selector.residual("update/w"), after_3)
+
+    device.pending = (5, feedback_state(device.selector))
+    send(grads[0])
+    device.roll_back(5, {})  # a restarted server asks for round 5 again
+    np.testing.assert_array_equal(device.selector.residual("update/w"), after_3)

@@ -1,45 +1,138 @@
-"""``tensorwire fl``: the FedAvg server, a device, or a whole local run."""
+"""``tensorwire fl``: the FL server, a device, or a whole local run.
+
+Every default comes from :class:`~tensorwire.fl.config.FLConfig` (read without importing
+torch), so the commands, the library and ``bench fl`` cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
+import click
 import typer
 
 from tensorwire.cli.console import console
-
-fl_app = typer.Typer(
-    help="Federated learning (FedAvg) over any tensorwire URL.", no_args_is_help=True
+from tensorwire.fl.config import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    DOWNLINK_MODES,
+    LATE_POLICIES,
+    STRATEGIES,
+    UPLINK_COMPRESSORS,
+    FLConfig,
+    is_factory_ref,
 )
 
-Dataset = Annotated[str, typer.Option(help="digits (offline default), cifar10, synthetic.")]
+fl_app = typer.Typer(
+    help="Federated learning over any tensorwire URL: rounds that survive devices, validated "
+    "updates, FedAvg / FedProx / FedAdam / FedYogi / median / trimmed mean, resume.",
+    no_args_is_help=True,
+)
+
+D = FLConfig()  # the defaults
+SPLITS = ("equal", "iid", "dirichlet")
+
+
+def _check_model(value: str | None) -> str | None:
+    """A built-in model, or a ``package.module:function`` that imports and is callable."""
+    if value is None or value in BUILTIN_MODELS:
+        return value
+    if not is_factory_ref(value):
+        raise typer.BadParameter(
+            f"{value!r}: choose {', '.join(BUILTIN_MODELS)}, or package.module:function"
+        )
+    from tensorwire.fl.errors import FLError
+    from tensorwire.fl.task import import_factory
+
+    try:
+        import_factory(value)
+    except FLError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+Dataset = Annotated[
+    Literal[BUILTIN_DATASETS],  # type: ignore[valid-type]
+    typer.Option(help="digits (offline), cifar10 (from --data-root), synthetic."),
+]
 DataRoot = Annotated[Path | None, typer.Option(help="Folder holding CIFAR-10 (never downloaded).")]
-Model = Annotated[str, typer.Option(help="vgg5 or vgg8.")]
-Clients = Annotated[int, typer.Option(min=1, help="Number of devices.")]
+Model = Annotated[
+    str,
+    typer.Option(
+        callback=_check_model,
+        help=f"{', '.join(BUILTIN_MODELS)}, or package.module:function returning a "
+        "torch.nn.Module (the devices need it too: fl client --model).",
+    ),
+]
+Clients = Annotated[
+    int, typer.Option(min=1, help="Devices (data shards); waited for before the first round.")
+]
 Rounds = Annotated[int, typer.Option(min=1, help="Number of rounds.")]
 Epochs = Annotated[int, typer.Option(min=1, help="Local epochs per round.")]
 Batch = Annotated[int, typer.Option(min=1, help="Local batch size.")]
-Lr = Annotated[float, typer.Option(help="SGD learning rate.")]
-Momentum = Annotated[float, typer.Option(help="SGD momentum.")]
-Split = Annotated[str, typer.Option(help="equal (contiguous shards), iid, dirichlet.")]
+Lr = Annotated[float, typer.Option(help="Devices' SGD learning rate.")]
+Momentum = Annotated[float, typer.Option(help="Devices' SGD momentum.")]
+Split = Annotated[
+    Literal[SPLITS],  # type: ignore[valid-type]
+    typer.Option(help="equal (contiguous shards), iid, dirichlet."),
+]
 Alpha = Annotated[float, typer.Option(help="Dirichlet concentration for --split dirichlet.")]
-Seed = Annotated[int, typer.Option(help="Seed for the model, data split and shuffles.")]
+Seed = Annotated[int, typer.Option(help="Seed of the model, data split, sampling, training.")]
 Uplink = Annotated[
-    str, typer.Option(help="Update compressor: none fp16 bf16 int8 qsgd topk randomk dgc signsgd.")
+    Literal[UPLINK_COMPRESSORS],  # type: ignore[valid-type]
+    typer.Option(help="Update compressor."),
 ]
 Ratio = Annotated[float, typer.Option(help="Fraction kept by topk / randomk / dgc.")]
 ErrorFeedback = Annotated[
     bool, typer.Option(help="Carry what compression dropped to the next round.")
 ]
 Downlink = Annotated[
-    str,
+    Literal[DOWNLINK_MODES],  # type: ignore[valid-type]
     typer.Option(help="Global model: none, fp16, or delta (XOR with the last, zstd; lossless)."),
 ]
-Out = Annotated[Path | None, typer.Option(help="Results directory.")]
+Fraction = Annotated[
+    float, typer.Option(min=0.0, max=1.0, help="Fraction of the available devices per round.")
+]
+PerRound = Annotated[
+    int | None, typer.Option(min=1, help="Devices per round (instead of --fraction).")
+]
+MinUpdates = Annotated[
+    int,
+    typer.Option(min=1, help="Quorum: valid updates a round needs to change the model."),
+]
+Late = Annotated[
+    Literal[LATE_POLICIES],  # type: ignore[valid-type]
+    typer.Option(help="A late update: discard, or stale (next round, weighted by its age)."),
+]
+Strategy = Annotated[
+    Literal[STRATEGIES],  # type: ignore[valid-type]
+    typer.Option(help="How updates are aggregated."),
+]
+Mu = Annotated[float, typer.Option(help="FedProx: the devices' proximal term.")]
+ServerLr = Annotated[float, typer.Option(help="FedAdam / FedYogi: server step size.")]
+Trim = Annotated[float, typer.Option(help="trimmed-mean: fraction cut at each end.")]
+ClipNorm = Annotated[float | None, typer.Option(help="Scale each update down to this L2 norm.")]
+MaxSamples = Annotated[
+    int, typer.Option(min=1, help="The most samples an update may claim (own data).")
+]
+JoinTimeout = Annotated[
+    float, typer.Option(help="Seconds to wait for --clients devices, or for a quorum.")
+]
+RoundTimeout = Annotated[float, typer.Option(help="A round's deadline, seconds.")]
+Out = Annotated[Path | None, typer.Option(help="Results directory (written as rounds finish).")]
+Certs = Annotated[
+    Path | None,
+    typer.Option(
+        help="Directory from `tensorwire certs`: TLS and enrolled per-device keys (the hub "
+        "needs hub.pem, hub.key, ca.pem, keys.json; a device ca.pem and its ID.pem, ID.key, "
+        "ID.secret)."
+    ),
+]
 ACK_POLL = 0.002  # seconds between looks at the progress acknowledgement file
 
 
@@ -48,15 +141,17 @@ class ProgressFile:
     ``ready`` (with the hub's URL), one ``round`` per round (its row), ``done``.
 
     With ``wait_ack`` > 0, after each round the server waits up to that many seconds until
-    ``FILE.ack`` holds the round's number, so the watcher can read counters between rounds."""
+    ``FILE.ack`` holds the round's number, so the watcher can read counters between rounds.
+    ``append`` (a resumed run) keeps the lines already there."""
 
-    def __init__(self, path: Path, wait_ack: float = 0.0) -> None:
+    def __init__(self, path: Path, wait_ack: float = 0.0, append: bool = False) -> None:
         self.path = path
         self.ack = path.with_name(path.name + ".ack")
         self.wait_ack = wait_ack
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-        self.ack.unlink(missing_ok=True)  # an old run's ack would release this one's rounds
+        if not append:
+            path.write_text("")
+            self.ack.unlink(missing_ok=True)  # an old run's ack would release this one's rounds
 
     def write(self, event: str, **fields: Any) -> None:
         line = json.dumps({"event": event, "time": time.time(), **fields}, default=str)
@@ -77,19 +172,21 @@ class ProgressFile:
             return False
 
 
-def _config(options: dict):
-    """The FLConfig a command's options describe (its other options are left out)."""
-    from dataclasses import fields
-
-    from tensorwire.fl.config import FLConfig
-
+def _config(options: dict[str, Any], base: dict[str, Any] | None = None) -> FLConfig:
+    """The FLConfig a command's options describe (over ``base``: a resumed run's settings)."""
     kwargs = {f.name: options[f.name] for f in fields(FLConfig) if f.name in options}
     if kwargs.get("data_root") is not None:
         kwargs["data_root"] = str(kwargs["data_root"])
     try:
-        return FLConfig(**kwargs)
+        return FLConfig(**{**(base or {}), **kwargs})
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def _given(ctx: typer.Context) -> set[str]:
+    """The options given on the command line or by the environment (not the defaults)."""
+    sources = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    return {name for name in ctx.params if ctx.get_parameter_source(name) in sources}
 
 
 def _print_rounds(rows: list[dict]) -> None:
@@ -97,29 +194,21 @@ def _print_rounds(rows: list[dict]) -> None:
 
     print_table(
         rows,
-        "FedAvg rounds",
+        "FL rounds",
         [
             "round",
+            "status",
+            "updates",
             "accuracy",
             "test_loss",
             "train_loss",
             "uplink_bytes",
             "downlink_bytes",
             "comm_s",
-            "train_s_max",
+            "round_s",
         ],
         console,
     )
-
-
-Certs = Annotated[
-    Path | None,
-    typer.Option(
-        help="Directory from `tensorwire certs`: TLS and enrolled per-device keys (the hub "
-        "needs hub.pem, hub.key, ca.pem, keys.json; a device ca.pem and its ID.pem, ID.key, "
-        "ID.secret)."
-    ),
-]
 
 
 def _device_ids(n: int) -> list[str]:
@@ -129,22 +218,32 @@ def _device_ids(n: int) -> list[str]:
 @fl_app.command("run")
 def run_cmd(
     protocol: Annotated[str, typer.Option(help="tcp, or any registered transport.")] = "tcp",
-    dataset: Dataset = "digits",
+    dataset: Dataset = D.dataset,
     data_root: DataRoot = None,
-    model: Model = "vgg8",
-    clients: Clients = 4,
-    rounds: Rounds = 5,
-    epochs: Epochs = 1,
-    batch_size: Batch = 100,
-    lr: Lr = 0.01,
-    momentum: Momentum = 0.9,
-    split: Split = "equal",
-    alpha: Alpha = 0.5,
-    seed: Seed = 0,
-    uplink: Uplink = "none",
-    ratio: Ratio = 0.01,
-    error_feedback: ErrorFeedback = True,
-    downlink: Downlink = "none",
+    model: Model = D.model,
+    clients: Clients = D.clients,
+    rounds: Rounds = D.rounds,
+    epochs: Epochs = D.epochs,
+    batch_size: Batch = D.batch_size,
+    lr: Lr = D.lr,
+    momentum: Momentum = D.momentum,
+    split: Split = D.split,
+    alpha: Alpha = D.alpha,
+    seed: Seed = D.seed,
+    uplink: Uplink = D.uplink,
+    ratio: Ratio = D.ratio,
+    error_feedback: ErrorFeedback = D.error_feedback,
+    downlink: Downlink = D.downlink,
+    fraction: Fraction = D.fraction,
+    clients_per_round: PerRound = D.clients_per_round,
+    min_updates: MinUpdates = D.min_updates,
+    late: Late = D.late,
+    strategy: Strategy = D.strategy,
+    mu: Mu = D.mu,
+    server_lr: ServerLr = D.server_lr,
+    trim: Trim = D.trim,
+    clip_norm: ClipNorm = D.clip_norm,
+    round_timeout: RoundTimeout = D.round_timeout,
     out: Out = None,
     secure: Annotated[
         bool,
@@ -167,7 +266,7 @@ def run_cmd(
         certs = out / "certs"
         make_certs(certs, hosts=["127.0.0.1", "localhost"], clients=_device_ids(cfg.clients))
     with progress_bar() as bar:
-        task = bar.add_task(f"FedAvg over {protocol}", total=cfg.rounds)
+        task = bar.add_task(f"{cfg.strategy} over {protocol}", total=cfg.rounds)
         result, path = run_local(
             cfg, protocol, out_dir=out, on_round=lambda row: bar.advance(task), certs=certs
         )
@@ -177,47 +276,62 @@ def run_cmd(
 
 @fl_app.command("server")
 def server_cmd(
+    ctx: typer.Context,
     url: Annotated[str, typer.Option(help="URL to serve on, e.g. tcp://0.0.0.0:5555.")],
-    dataset: Dataset = "digits",
+    dataset: Dataset = D.dataset,
     data_root: DataRoot = None,
-    model: Model = "vgg8",
-    clients: Clients = 4,
-    rounds: Rounds = 5,
-    epochs: Epochs = 1,
-    batch_size: Batch = 100,
-    lr: Lr = 0.01,
-    momentum: Momentum = 0.9,
-    split: Split = "equal",
-    alpha: Alpha = 0.5,
-    seed: Seed = 0,
-    uplink: Uplink = "none",
-    ratio: Ratio = 0.01,
-    error_feedback: ErrorFeedback = True,
-    downlink: Downlink = "none",
-    join_timeout: Annotated[float, typer.Option(help="Seconds to wait for all devices.")] = 120.0,
-    round_timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for a round's updates.")
-    ] = 600.0,
+    model: Model = D.model,
+    clients: Clients = D.clients,
+    rounds: Rounds = D.rounds,
+    epochs: Epochs = D.epochs,
+    batch_size: Batch = D.batch_size,
+    lr: Lr = D.lr,
+    momentum: Momentum = D.momentum,
+    split: Split = D.split,
+    alpha: Alpha = D.alpha,
+    seed: Seed = D.seed,
+    uplink: Uplink = D.uplink,
+    ratio: Ratio = D.ratio,
+    error_feedback: ErrorFeedback = D.error_feedback,
+    downlink: Downlink = D.downlink,
+    fraction: Fraction = D.fraction,
+    clients_per_round: PerRound = D.clients_per_round,
+    min_updates: MinUpdates = D.min_updates,
+    late: Late = D.late,
+    strategy: Strategy = D.strategy,
+    mu: Mu = D.mu,
+    server_lr: ServerLr = D.server_lr,
+    trim: Trim = D.trim,
+    clip_norm: ClipNorm = D.clip_norm,
+    max_samples: MaxSamples = D.max_samples,
+    join_timeout: JoinTimeout = D.join_timeout,
+    round_timeout: RoundTimeout = D.round_timeout,
     out: Out = None,
-    certs: Certs = None,
-    progress: Annotated[
+    resume: Annotated[
         Path | None,
-        typer.Option(help="Append JSON lines to this file: ready (hub URL), each round, done."),
-    ] = None,
-    progress_ack: Annotated[
-        float,
         typer.Option(
-            help="After each round wait up to this many seconds for PROGRESS.ack to hold the "
-            "round's number (a watcher reads counters between rounds); 0: do not wait."
+            help="Go on with the run whose results directory this is, from its last checkpoint "
+            "(its settings; results go on being written there)."
         ),
-    ] = 0.0,
+    ] = None,
+    certs: Certs = None,
+    progress: Annotated[Path | None, typer.Option(hidden=True)] = None,
+    progress_ack: Annotated[float, typer.Option(hidden=True)] = 0.0,
 ) -> None:
-    """Serve FedAvg at URL until every round is done; devices join with `tensorwire fl client`."""
-    from tensorwire.fl.results import write_run
+    """Serve rounds at URL until every one is done; devices join with `tensorwire fl client`."""
     from tensorwire.fl.server import run_server
 
-    cfg = _config(locals())
-    events = ProgressFile(progress, progress_ack) if progress else None
+    options = dict(locals())
+    if resume is not None:
+        from tensorwire.fl.checkpoint import load_checkpoint
+
+        saved = load_checkpoint(resume).config
+        cfg = _config({k: v for k, v in options.items() if k in _given(ctx)}, saved)
+        out = resume
+    else:
+        cfg = _config(options)
+        out = out or Path("results") / f"fl-server-{time.strftime('%Y%m%d-%H%M%S')}"
+    events = ProgressFile(progress, progress_ack, append=resume is not None) if progress else None
 
     def ready(hub_url: str) -> None:
         console.print(f"serving at {hub_url}")
@@ -225,14 +339,18 @@ def server_cmd(
             events.write("ready", url=hub_url)
 
     def round_done(row: dict[str, Any]) -> None:
-        console.print(f"round {row['round']}: accuracy {row['accuracy']:.3f}")
+        console.print(
+            f"round {row['round']}: {row['status']}, {row['updates']} update(s), "
+            f"accuracy {row['accuracy']:.3f}"
+        )
         if events:
             events.round(row)
 
-    result = run_server(url, cfg, on_ready=ready, on_round=round_done, certs=certs)
+    result = run_server(
+        url, cfg, on_ready=ready, on_round=round_done, certs=certs, out_dir=out, resume=resume
+    )
     _print_rounds(result.rounds)
-    out = out or Path("results") / f"fl-server-{time.strftime('%Y%m%d-%H%M%S')}"
-    console.print(f"results: {write_run(result, out, {'url': url})}")
+    console.print(f"results: {out}")
     if events:
         events.write("done", out=str(out))
 
@@ -242,15 +360,27 @@ def client_cmd(
     url: Annotated[str, typer.Option(help="The server's URL.")],
     id: Annotated[str, typer.Option("--id", help="This device's number or name.")],
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for the server each round.")
+        float, typer.Option(help="Seconds to wait for the server to answer (connect, reconnect).")
     ] = 600.0,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            callback=_check_model,
+            help="package.module:function building this device's model, when the server "
+            "trains one of its own (the built-in ones need nothing).",
+        ),
+    ] = None,
     certs: Certs = None,
 ) -> None:
     """Join the server at URL as device ID and train until it says done."""
     from tensorwire.fl.client import run_client
+    from tensorwire.fl.task import model_factory
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     client_id = f"device-{id}" if id.isdigit() else id
-    rounds = run_client(url, client_id, timeout=timeout, threads=threads, certs=certs)
+    factory = model_factory(model) if model is not None else None
+    rounds = run_client(
+        url, client_id, model=factory, timeout=timeout, threads=threads, certs=certs
+    )
     console.print(f"{client_id}: trained {rounds} rounds")

@@ -9,6 +9,7 @@ did not change, so after a sparse uplink (top-k) the downlink shrinks with it.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,36 @@ def uplink_codec(cfg: FLConfig) -> Any:
         return None
     from tensorwire.codecs import lossy_selector
 
-    params = {"ratio": cfg.ratio} if cfg.uplink in SPARSIFIERS else {}
+    params: dict[str, Any] = {"ratio": cfg.ratio} if cfg.uplink in SPARSIFIERS else {}
     # error feedback on: each compressor's own default (on where it is biased); off: off
     feedback = None if cfg.error_feedback else False
     return lossy_selector(cfg.uplink, error_feedback=feedback, **params)
+
+
+def feedback_state(selector: Any) -> Any:
+    """A copy of an error-feedback selector's memory (residuals, momenta, compressors' random
+    streams), or None for a selector without one.
+
+    A device takes it before sending an update and puts it back with
+    :func:`restore_feedback` when the server did not apply that update (late, rejected, a
+    round without quorum, a resumed server asking for the round again): the residual then
+    holds what was computed in applied rounds and not yet delivered, as error feedback
+    assumes.
+    """
+    from tensorwire.codecs.lossy.feedback import ErrorFeedback
+
+    if not isinstance(selector, ErrorFeedback):
+        return None
+    with selector._lock:  # the codec keeps no public snapshot of its memory yet
+        return copy.deepcopy(selector._memories)
+
+
+def restore_feedback(selector: Any, state: Any) -> None:
+    """Put back what :func:`feedback_state` took."""
+    if state is None:
+        return
+    with selector._lock:
+        selector._memories = copy.deepcopy(state)
 
 
 def downlink_codec(cfg: FLConfig) -> Any:

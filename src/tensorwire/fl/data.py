@@ -83,7 +83,7 @@ def load_synthetic_dataset(n_train: int = 400, n_test: int = 200, seed: int = 0)
     return Dataset("synthetic", tr_x, tr_y, te_x, te_y)
 
 
-def load_cifar10_dataset(root: Path | None = None) -> Dataset:
+def load_cifar10_dataset(root: str | Path | None = None) -> Dataset:
     """CIFAR-10 from ``root`` (python or binary batches); ``DataNotFound`` says where to put it."""
     from tensorwire.fl.cifar10 import find_cifar10, read_cifar10
 
@@ -101,7 +101,7 @@ def load_cifar10_dataset(root: Path | None = None) -> Dataset:
     return Dataset("cifar10", tr, tr_y, te, te_y)
 
 
-def load_dataset(name: str, *, root: Path | None = None, seed: int = 0) -> Dataset:
+def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) -> Dataset:
     """One of :data:`DATASETS`."""
     if name == "digits":
         return load_digits_dataset(seed)

@@ -8,15 +8,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tensorwire.fl.config import FLConfig
-from tensorwire.fl.results import write_run
-from tensorwire.fl.server import RunResult, run_server
+from tensorwire.fl.config import FLConfig, is_factory_ref
+from tensorwire.fl.records import RunResult
+from tensorwire.fl.server import run_server
 from tensorwire.transports.local import local_hub_url
 
 
-def device_command(url: str, device: int, timeout: float, certs: Path | None = None) -> list[str]:
-    """The command line of one device process."""
+def device_command(
+    url: str,
+    device: int | str,
+    timeout: float,
+    certs: Path | None = None,
+    model: str | None = None,
+) -> list[str]:
+    """The command line of one device process (``model``: a ``package.module:function`` the
+    device builds its model with, as the server does)."""
     secured = ["--certs", str(certs)] if certs else []
+    own_model = ["--model", model] if model and is_factory_ref(model) else []
     return [
         sys.executable,
         "-m",
@@ -30,6 +38,7 @@ def device_command(url: str, device: int, timeout: float, certs: Path | None = N
         "--timeout",
         str(timeout),
         *secured,
+        *own_model,
     ]
 
 
@@ -44,10 +53,10 @@ def run_local(
 ) -> tuple[RunResult, Path | None]:
     """Run the server in this process and ``cfg.clients`` devices as subprocesses.
 
-    Device output goes to ``log_dir/device-N.log`` (default: ``out_dir/logs``). Devices are
-    stopped, whatever happens. ``certs``: run secured with the files of ``tensorwire certs``
-    there (the devices are ``device-1`` ...). Returns the result and the results directory
-    (if ``out_dir``).
+    Results go into ``out_dir`` as rounds finish (with checkpoints). Device output goes to
+    ``log_dir/device-N.log`` (default: ``out_dir/logs``). Devices are stopped, whatever
+    happens. ``certs``: run secured with the files of ``tensorwire certs`` there (the devices
+    are ``device-1`` ...). Returns the result and the results directory (if ``out_dir``).
     """
     procs: list[subprocess.Popen[bytes]] = []
     logs = log_dir or (out_dir / "logs" if out_dir else None)
@@ -55,11 +64,12 @@ def run_local(
         logs.mkdir(parents=True, exist_ok=True)
 
     def spawn(hub_url: str) -> None:
+        timeout = max(cfg.round_timeout, cfg.join_timeout)
         for i in range(1, cfg.clients + 1):
             sink = (logs / f"device-{i}.log").open("wb") if logs else subprocess.DEVNULL
             procs.append(
                 subprocess.Popen(
-                    device_command(hub_url, i, cfg.round_timeout, certs),
+                    device_command(hub_url, i, timeout, certs, cfg.model),
                     stdout=sink,
                     stderr=subprocess.STDOUT,
                 )
@@ -68,8 +78,9 @@ def run_local(
     started = time.time()
     try:
         with local_hub_url(protocol) as url:
-            result = run_server(url, cfg, on_round=on_round, on_ready=spawn, certs=certs)
-            served_at = url
+            result = run_server(
+                url, cfg, on_round=on_round, on_ready=spawn, certs=certs, out_dir=out_dir
+            )
     finally:
         deadline = time.monotonic() + 30
         for p in procs:
@@ -80,10 +91,9 @@ def run_local(
                 p.wait()
     if out_dir is None:
         return result, None
-    extra = {
-        "protocol": protocol,
-        "url": served_at,
-        "seconds": time.time() - started,
-        "secured": certs is not None,
-    }
-    return result, write_run(result, out_dir, extra)
+    from tensorwire.fl.results import RunDirectory
+
+    RunDirectory(out_dir).finish(
+        result, {"protocol": protocol, "seconds": time.time() - started, "secured": bool(certs)}
+    )
+    return result, out_dir
