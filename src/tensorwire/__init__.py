@@ -13,6 +13,7 @@ from typing import Any
 from tensorwire.codecs import get_codec, resolve_codecs
 from tensorwire.errors import (
     AuthenticationError,
+    DeliveryUncertain,
     GatherTimeout,
     MissingDependency,
     PeerGone,
@@ -66,6 +67,7 @@ __all__ = [
     "TLS",
     "AuthenticationError",
     "Channel",
+    "DeliveryUncertain",
     "EncodedMessage",
     "GatherTimeout",
     "Hub",

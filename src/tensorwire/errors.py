@@ -104,6 +104,11 @@ class PeerGone(TransportError):
     """The peer closed the connection or left."""
 
 
+class DeliveryUncertain(TransportError):
+    """A message may not have arrived: the medium lost state while it was in flight (a
+    broker that came back without the session). Sending it again is the sender's call."""
+
+
 class GatherTimeout(TransportTimeout):
     """``Hub.gather`` timed out; ``missing`` lists the clients that did not answer."""
 

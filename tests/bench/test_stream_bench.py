@@ -17,4 +17,8 @@ def test_a_small_stream_bench_measures_every_contender():
         assert row["batch_bytes"] == 256 * 4 * 8
         assert row["mb_per_s"] > 0 and row["batches_per_s"] > 0
         assert 0 < row["p50_us"] <= row["p95_us"] <= row["p99_us"] <= row["max_us"]
+        # each side's CPU per batch: something, and less than the wall time per batch
+        wall_us = 1e6 / row["batches_per_s"]
+        for side in ("send_cpu_us", "recv_cpu_us"):
+            assert 0 < row[side] < 2 * wall_us, (side, row)
     assert by[FLIGHT]["vs_flight"] == 1.0

@@ -84,6 +84,24 @@ def test_top_k_feedback_sends_the_dropped_entries_later() -> None:
     np.testing.assert_array_equal(ef.residual("g")[:4], [0, 3, 0, 2])
 
 
+def test_a_snapshot_puts_the_memory_back_as_before_an_update_that_was_not_applied() -> None:
+    ef = ErrorFeedback(functools.partial(RandomK, ratio=0.05, seed=3), min_size=0)
+    g1, g2, g3 = gradients(3)
+    send(ef, {"g": g1})
+    before = ef.snapshot()
+    kept = ef.residual("g")
+    lost = send(ef, {"g": g2})["g"]  # an update the server never applied
+    assert not np.array_equal(ef.residual("g"), kept)
+    ef.restore(before)
+    np.testing.assert_array_equal(ef.residual("g"), kept)
+    again = send(ef, {"g": g2})["g"]  # the same random stream: the same choice as before
+    np.testing.assert_array_equal(again, lost)
+    ef.restore(before)  # a snapshot stays usable
+    np.testing.assert_array_equal(ef.residual("g"), kept)
+    send(ef, {"g": g3})
+    assert not np.array_equal(ef.residual("g"), kept)
+
+
 def test_dgc_momentum_correction_and_masking() -> None:
     m = 0.9
     ef = ErrorFeedback(functools.partial(TopK, ratio=0.25), min_size=0, momentum=m)

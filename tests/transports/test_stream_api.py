@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tensorwire.errors import PeerGone, TransportTimeout
-from tensorwire.transports.streams import STREAM_KEY, StreamError
+from tensorwire.transports.streams import PIPELINE_BYTES, STREAM_KEY, StreamError, send_stream
 
 T = 30.0
 
@@ -139,3 +140,97 @@ def test_a_lying_sender_gets_a_stream_error_not_a_hang(make_hub, connect):
     next(it)
     with pytest.raises(StreamError, match="ended after 9"):
         next(it)
+
+
+def test_a_hub_stream_holds_at_its_window_and_counts_what_it_sent(make_hub, connect):
+    hub = make_hub(codec=None)
+    ch = connect(hub.url, client_id="s6", codec=None)
+    hub.wait_for(1, timeout=T)
+    # whole: every batch's record, in order, and the bytes they add up to
+    reader = threading.Thread(target=lambda: list(ch.stream(timeout=T)))
+    reader.start()
+    result = hub.send_many("s6", _batches(30, 256), window=4, timeout=T)
+    reader.join(T)
+    assert result.batches == 30 and len(result.records) == 30
+    assert result.bytes == sum(r.bytes_encoded for r in result.records) >= 30 * 1024
+    # a channel that stops consuming stops the hub at the window, with a timeout
+    it = ch.stream(timeout=T)
+    sent: list[int] = []
+
+    def batches():
+        for i in range(100):
+            sent.append(i)
+            yield {"x": np.full(8, i, dtype=np.float32)}
+
+    err: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            hub.send_many("s6", batches(), window=5, timeout=1.0)
+        except BaseException as exc:
+            err.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert next(it).seq == 0
+    sender.join(T)
+    assert err and isinstance(err[0], TransportTimeout), err
+    assert len(sent) == 6
+
+
+def test_a_hub_streaming_to_a_client_that_leaves_gets_an_error_not_a_hang(make_hub, connect):
+    hub = make_hub(codec=None)
+    ch = connect(hub.url, client_id="s7", codec=None)
+    hub.wait_for(1, timeout=T)
+    it = ch.stream(timeout=T)
+    err: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            hub.send_many("s7", _batches(1000, 4096), window=8, timeout=10.0)
+        except BaseException as exc:
+            err.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert next(it).seq == 0
+    ch.close()
+    sender.join(T)
+    assert not sender.is_alive()
+    assert err and isinstance(err[0], (PeerGone, TransportTimeout)), err
+
+
+@pytest.mark.parametrize("size", [PIPELINE_BYTES // 4, 2 * PIPELINE_BYTES])
+def test_a_stream_queues_sends_up_to_its_byte_budget_and_raises_what_a_queued_send_raised(size):
+    events: list[tuple[str, int]] = []
+    fail_at = 9
+
+    def send(tensors, meta):
+        seq = meta[STREAM_KEY][1]
+        events.append(("start", seq))
+
+        def wait():
+            events.append(("wait", seq))
+            if seq == fail_at:
+                raise PeerGone("the writer found the client gone")
+            return SimpleNamespace(bytes_encoded=size)
+
+        return size, wait
+
+    with pytest.raises(PeerGone, match="found the client gone"):
+        send_stream(
+            send,
+            lambda sid, n, d: True,
+            ({"x": i} for i in range(20)),
+            window=16,
+            timeout=T,
+            peer="test",
+        )
+    outstanding = most = 0
+    for what, _ in events:
+        outstanding += 1 if what == "start" else -1
+        most = max(most, outstanding)
+    # small messages: up to the budget queued (and the one being written); big ones: none
+    assert most == (5 if size < PIPELINE_BYTES else 1), events
+    waited = [seq for what, seq in events if what == "wait"]
+    assert waited == sorted(waited) and waited[-1] == fail_at  # in order, up to the failure

@@ -7,8 +7,11 @@ side (a tensorwire hub's :meth:`~tensorwire.Hub.send_many`, or a Flight server's
 runs in this process on one CPU; the receiving side (:meth:`~tensorwire.Channel.stream`, or
 ``FlightClient.do_get``) in a peer process on the other, which times each batch: the wait from
 asking for the next batch to having it (as the Flight benchmark does), and the wall time from
-the request to the last batch. Trials alternate between the contenders; figures are medians
-over trials.
+the request to the last batch. Each side also reports the CPU its whole process spent per
+batch (every thread: gRPC's C++ ones too), so a contender that is faster only because it
+spreads work over more threads shows it. Both sides keep their connections across trials
+(connecting is never timed); every contender runs one untimed warm-up trial first; then
+trials alternate between the contenders, and figures are medians over trials.
 
 The peer is this module run as ``python -m tensorwire.bench.stream peer``; it reads one
 command per line on stdin (``tw URL ID S`` / ``doget PORT S``) and answers one JSON line.
@@ -77,9 +80,14 @@ def _receive_tw(url: str, cid: str, streams: int) -> dict[str, Any]:
             waits.extend(mine)
             nbytes[0] += got
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     _run_all([lambda ch=ch: one(ch) for ch in chans])
-    return {"seconds": time.perf_counter() - started, "bytes": nbytes[0], "waits": waits}
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu,
+        "bytes": nbytes[0],
+        "waits": waits,
+    }
 
 
 _peer_channels: dict[Any, list[tensorwire.Channel]] = {}
@@ -88,7 +96,12 @@ _peer_channels: dict[Any, list[tensorwire.Channel]] = {}
 def _receive_flight(port: int, streams: int) -> dict[str, Any]:
     import pyarrow.flight as flight
 
-    client = flight.FlightClient(("127.0.0.1", port))
+    # one client (and gRPC connection) per port for every trial, as the tensorwire channels
+    # are kept: connecting is not timed on either side
+    if port not in _peer_clients:
+        _peer_clients[port] = flight.FlightClient(("127.0.0.1", port))
+        _peer_clients[port].wait_for_available(timeout=120)
+    client = _peer_clients[port]
     waits: list[float] = []
     nbytes = [0]
     lock = threading.Lock()
@@ -109,10 +122,13 @@ def _receive_flight(port: int, streams: int) -> dict[str, Any]:
             waits.extend(mine)
             nbytes[0] += got
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     _run_all([one] * streams)
-    client.close()
-    return {"seconds": time.perf_counter() - started, "bytes": nbytes[0], "waits": waits}
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return {"seconds": seconds, "cpu_s": cpu, "bytes": nbytes[0], "waits": waits}
+
+
+_peer_clients: dict[int, Any] = {}
 
 
 def _run_all(jobs: list[Any]) -> None:
@@ -213,9 +229,14 @@ def bench_stream(
             url = stack.enter_context(local_hub_url(name))
             hub = stack.enter_context(tensorwire.serve(url, codec=None))
             runs.append((entry.label, _tw_run(peer, hub, data, batches, streams, window)))
+        for _, run in runs:  # untimed: TCP and HTTP/2 windows grow, caches fill, on every side
+            run()
         for _ in range(repeat):
             for label, run in runs:
-                trials.setdefault(label, []).append(run())
+                cpu = time.process_time()
+                res = run()
+                res["send_cpu_s"] = time.process_time() - cpu
+                trials.setdefault(label, []).append(res)
                 if progress is not None:
                     progress()
     rows = []
@@ -235,6 +256,11 @@ def bench_stream(
                 percentile(res["waits"], q) * 1e6 for res in results
             )
         row["max_us"] = statistics.median(max(res["waits"]) * 1e6 for res in results)
+        # CPU seconds each process spent per batch, all its threads (gRPC's C++ ones too)
+        for side, key in (("send", "send_cpu_s"), ("recv", "cpu_s")):
+            row[f"{side}_cpu_us"] = statistics.median(
+                res[key] / (batches * streams) * 1e6 for res in results
+            )
         ok = all(res["bytes"] == batch_bytes * batches * streams for res in results)
         row["complete"] = ok
         rows.append(row)

@@ -35,7 +35,8 @@ from tensorwire.codecs.threads import get_threads, set_threads
 from tensorwire.codecs.zlib import Zlib
 from tensorwire.codecs.zstd import Zstd
 
-for _codec in (LZ4, Zstd, Zlib, Blosc2, *LOSSY_CODECS.values()):
+_BUILT_IN: tuple[type[Codec], ...] = (LZ4, Zstd, Zlib, Blosc2, *LOSSY_CODECS.values())
+for _codec in _BUILT_IN:
     register_codec(_codec)
 
 try:  # CPython can be built without liblzma

@@ -46,7 +46,7 @@ TIE_MARGIN = 0.5
 is faster by more than this fraction of the two's codec seconds: timing noise on a busy
 machine moves those by tens of percent, and must not flip the choice."""
 _PARALLEL_BLOCK = 1 << 20  # bytes of work a codec gives each thread at least
-_WARM_UP = memoryview(np.zeros(4096, dtype=np.uint8))  # compressible by every codec
+_WARM_UP = np.zeros(4096, dtype=np.uint8).data  # compressible by every codec
 _TIMED_RUNS = 3  # runs of a codec that can win, on a sample: the fastest one counts
 
 
@@ -256,8 +256,8 @@ class AutoCodec:
         estimates = [raw]
         if nbytes == 0:
             return estimates
-        sample = memoryview(sample_bytes(array))
-        scratch = memoryview(np.empty(sample.nbytes, dtype=np.uint8))
+        sample = sample_bytes(array).data
+        scratch = np.empty(sample.nbytes, dtype=np.uint8).data
         # Seconds on the sample scale to the tensor, spread over the threads it will use.
         # The sample is big enough (64 KiB) for a codec's fixed cost per call to be a
         # small part of its time: scaling that part too errs a little towards raw.

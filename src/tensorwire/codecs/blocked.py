@@ -91,7 +91,7 @@ class BlockedCodec(Codec):
         data_start = HEADER.size + 4 * nblocks
         # Stored blocks are never larger than raw ones, so this bounds the output; pages
         # past what gets written are never touched, so they cost no memory.
-        out = memoryview(np.empty(data_start + raw_length, dtype=np.uint8))
+        out = np.empty(data_start + raw_length, dtype=np.uint8).data
 
         def encode_run(first: int, stop: int) -> list[int]:
             # Each run writes its blocks back to back from its own raw offset on; the

@@ -18,7 +18,7 @@ def byte_view(buf: Any) -> memoryview:
     if isinstance(buf, np.ndarray):
         if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
             raise ValueError("codecs need a contiguous array; pass np.ascontiguousarray(a)")
-        return memoryview(buf.reshape(-1, order="A").view(np.uint8))
+        return buf.reshape(-1, order="A").view(np.uint8).data
     view = memoryview(buf)
     if not view.c_contiguous:
         raise ValueError("codecs need a contiguous buffer")
@@ -52,4 +52,4 @@ def output_for(out: Any, nbytes: int, max_size: int) -> tuple[Any, memoryview]:
             "pass out= or a larger max_size if that is expected"
         )
     array = np.empty(nbytes, dtype=np.uint8)
-    return array, memoryview(array)
+    return array, array.data

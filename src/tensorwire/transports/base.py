@@ -10,6 +10,7 @@ stranger can make grow (errors, records, events) are bounded.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import socket
 import threading
@@ -18,10 +19,16 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, overload
 
-from tensorwire.codecs import AutoCodec, available_codecs, get_codec, resolve_codecs
+from tensorwire.codecs import (
+    AutoCodec,
+    FixedChainSelector,
+    available_codecs,
+    get_codec,
+    resolve_codecs,
+)
 from tensorwire.errors import (
     GatherTimeout,
     MessageTooLarge,
@@ -89,23 +96,39 @@ class TransferRecord:
         return asdict(self)
 
 
+_RECORD_VALUES = operator.attrgetter(*(f.name for f in fields(TransferRecord)))
+RECENT_RECORDS = 64  # the newest records a RecordLog keeps as the objects it was given
+
+
 class RecordLog:
     """The last ``maxlen`` transfer records, oldest first, and a count of all ever added.
 
     ``mark()`` then ``since(mark)`` gives the records added in between (as many as are still
     kept); ``subscribe(fn)`` streams every record out as it is made (from transport threads).
+
+    Records are kept as tuples of their values, which the garbage collector stops tracking
+    (a full log of objects cost a 4 KiB message ~4 us in collections), and made records again
+    when read; the newest ``RECENT_RECORDS`` are read back as the very objects appended.
     """
 
     def __init__(self, maxlen: int = MAX_RECORDS) -> None:
-        self._items: deque[TransferRecord] = deque(maxlen=maxlen)
+        self._items: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
+        self._recent: deque[TransferRecord] = deque(maxlen=RECENT_RECORDS)
         self.total = 0
         self._subscribers: list[Callable[[TransferRecord], None]] = []
 
     def append(self, rec: TransferRecord) -> None:
-        self._items.append(rec)
+        self._items.append(_RECORD_VALUES(rec))
+        self._recent.append(rec)
         self.total += 1
         for fn in self._subscribers:
             fn(rec)
+
+    def _records(self, values: list[tuple[Any, ...]]) -> list[TransferRecord]:
+        """Records of the newest ``len(values)`` items, given as ``values``."""
+        recent = list(self._recent)
+        k = min(len(recent), len(values))
+        return [TransferRecord(*v) for v in values[: len(values) - k]] + recent[len(recent) - k :]
 
     def subscribe(self, fn: Callable[[TransferRecord], None]) -> None:
         self._subscribers.append(fn)
@@ -115,16 +138,22 @@ class RecordLog:
 
     def since(self, mark: int) -> list[TransferRecord]:
         n = min(self.total - mark, len(self._items))
-        return list(self._items)[len(self._items) - n :] if n > 0 else []
+        return self._records(list(self._items)[len(self._items) - n :]) if n > 0 else []
 
     def __len__(self) -> int:
         return len(self._items)
 
     def __iter__(self) -> Iterator[TransferRecord]:
-        return iter(list(self._items))
+        return iter(self._records(list(self._items)))
 
     def __getitem__(self, index: int) -> TransferRecord:
-        return self._items[index]
+        n = len(self._items)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("record index out of range")
+        if n - i <= len(self._recent):
+            return self._recent[i - n]
+        return TransferRecord(*self._items[i])
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -262,6 +291,12 @@ def dial(
         delay = min(delay * 2, max_delay)
 
 
+@overload
+def deadline_after(timeout: float) -> float: ...
+@overload
+def deadline_after(timeout: None) -> None: ...
+@overload
+def deadline_after(timeout: float | None) -> float | None: ...
 def deadline_after(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -335,7 +370,10 @@ class _Endpoint:
     ) -> EncodedMessage:
         """Encode with this endpoint's codecs, keeping to those the peer can decode; a message
         larger than the peer accepts raises :class:`MessageTooLarge` here, at the sender."""
-        allowed = _DecodableCodecs(self.selector, peer_decoders)
+        selector = self.selector
+        # codec=None: nothing to choose per tensor (half the cost of encoding a stream batch)
+        raw = type(selector) is FixedChainSelector and not selector.chain
+        allowed = None if raw else _DecodableCodecs(selector, peer_decoders)
         enc = encode_message(tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind)
         if peer_max_bytes is not None and enc.nbytes > peer_max_bytes:
             raise MessageTooLarge(
@@ -602,19 +640,35 @@ class Hub(_Endpoint):
         :class:`TransportTimeout` past ``timeout`` seconds, :class:`MessageTooLarge` if the
         message is over what the client accepts.
         """
+        started = time.perf_counter()
+        enc = self._encode_to(client_id, tensors, meta)
+        return self._send_one(client_id, enc, deadline_after(timeout), started)
+
+    def _encode_to(
+        self, client_id: str, tensors: Mapping[str, Any] | None, meta: Mapping[str, Any] | None
+    ) -> EncodedMessage:
+        """Encode a message for a member with the codecs and limits it announced."""
         with self._cond:
             member = None if self._closed else self._members.get(client_id)
         if member is None:
             raise PeerGone(self._not_connected(client_id))
-        started = time.perf_counter()
-        enc = self._encode_for(
+        return self._encode_for(
             tensors,
             meta,
             member.decoders,
             peer_max_bytes=member.max_message_bytes,
             peer=f"client {client_id!r}",
         )
-        return self._send_one(client_id, enc, deadline_after(timeout), started)
+
+    def _start_send(
+        self, client_id: str, enc: EncodedMessage, deadline: float | None
+    ) -> Callable[[], None]:
+        """Start sending a stream's message; the call returned waits until it is sent (and
+        raises what the send raised). This one sends at once; a transport whose sends are
+        queued for a writer thread returns before the write, so the stream's next message is
+        encoded while this one is written."""
+        self._send_encoded(client_id, enc, deadline)
+        return _sent
 
     def _not_connected(self, client_id: str) -> str:
         if self._closed:
@@ -804,8 +858,20 @@ class Hub(_Endpoint):
                     return False
             return True
 
+        def start(tensors: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> Any:
+            started = time.perf_counter()
+            enc = self._encode_to(client_id, tensors, meta)
+            t = time.perf_counter()
+            wait = self._start_send(client_id, enc, deadline_after(timeout))
+
+            def sent() -> TransferRecord:
+                wait()
+                return self._note_send(client_id, enc, time.perf_counter() - t, started)
+
+            return enc.nbytes, sent
+
         return send_stream(
-            lambda t, m: self.send(client_id, t, m, timeout=timeout),
+            start,
             wait_acked,
             batches,
             window=window,
@@ -977,8 +1043,12 @@ class Channel(_Endpoint):
                     self._hold_for_recv(msg)
             return True
 
+        def start(tensors: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> Any:
+            record = self.send(tensors, meta, timeout=timeout)
+            return record.bytes_encoded, lambda: record
+
         return send_stream(
-            lambda t, m: self.send(t, m, timeout=timeout),
+            start,
             wait_acked,
             batches,
             window=window,
@@ -1027,6 +1097,10 @@ def _keys(auth: Mapping[str, Any] | str | os.PathLike[str]) -> Keys:
 
 _LOG_EVERY_S = 10.0  # a repeated warning (one peer's junk, say) is logged at most this often
 _last_logged: dict[str, tuple[float, int]] = {}
+
+
+def _sent() -> None:
+    """What :meth:`Hub._start_send` returns for a message already sent."""
 
 
 def _soon(deadline: float | None, step: float = 0.05) -> float:

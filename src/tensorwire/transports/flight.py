@@ -603,6 +603,14 @@ class FlightHub(Hub):
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
         self._finish(*self._submit(client_id, enc), deadline)
 
+    def _start_send(
+        self, client_id: str, enc: EncodedMessage, deadline: float | None
+    ) -> Callable[[], None]:
+        """Queue a stream's message for the client's downlink thread and return at once (the
+        call returned waits for its write): the stream's next message is encoded meanwhile."""
+        peer, job = self._submit(client_id, enc)
+        return lambda: self._finish(peer, job, deadline)
+
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:

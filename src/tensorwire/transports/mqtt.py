@@ -66,6 +66,7 @@ from paho.mqtt.properties import Properties
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
     AuthenticationError,
+    DeliveryUncertain,
     PeerGone,
     SessionRefused,
     TransportError,
@@ -662,7 +663,7 @@ class _Link:
         for info, generation, _ in window:
             self._wait(info, generation, deadline)
         if self.sessions_lost != sessions_lost:
-            raise TransportError(
+            raise DeliveryUncertain(
                 f"the broker at {self.address} came back without our session while this message "
                 "was in flight (does it keep none?): its subscribers may not have been there"
             )

@@ -24,6 +24,7 @@ import select
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from typing import Any
@@ -35,10 +36,23 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from tensorwire.errors import AuthenticationError, PeerGone, TransportError, TransportTimeout
 from tensorwire.wire import NEED_DATA, EncodedMessage, Message, MessageStream
+from tensorwire.wire.encoder import SEGMENT_BYTES
 
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 STAGING_BYTES = 64 << 10
 """Reads smaller than this go through a staging buffer; bigger ones land in place."""
+WAKE_BYTES = 4096
+"""Wake-up bytes a woken read takes in one ``recv``."""
+
+
+_RCVTIMEO = sys.platform == "linux"  # where SO_RCVTIMEO takes a struct timeval of two longs
+_TIMEVAL = struct.Struct("@ll")
+RCVTIMEO_MIN_S = 0.05
+"""Reads with less time left than this wait in ``poll`` (SO_RCVTIMEO counts in jiffies)."""
+
+
+class ReadInterrupted(Exception):
+    """:meth:`StreamReader.read_message` was woken through its ``wake`` socket."""
 
 
 def wait_ready(sock: socket.socket, events: int, deadline: float | None, what: str) -> None:
@@ -376,10 +390,42 @@ def sendmsg_all(sock: socket.socket, buffers: list, deadline: float | None = Non
     if isinstance(sock, TlsStream):
         sock.send_all(buffers, deadline)
         return
-    views = [memoryview(b) for b in buffers]
     flags = 0 if deadline is None else socket.MSG_DONTWAIT
+    if len(buffers) <= IOV_MAX:  # the common case: one sendmsg takes it all
+        try:
+            n = sock.sendmsg(buffers, (), flags)
+        except BlockingIOError:
+            n = 0
+        except (BrokenPipeError, ConnectionError) as exc:
+            raise PeerGone(f"peer closed the connection: {exc}") from None
+        except OSError as exc:  # EBADF and kin: the socket was closed under us
+            raise PeerGone(f"connection lost: {exc}") from None
+        if n == sum(map(len, buffers)):
+            return
+        _send_rest(sock, buffers, n, flags, deadline)
+        return
+    _send_rest(sock, buffers, 0, flags, deadline)
+
+
+def _send_rest(
+    sock: socket.socket, buffers: list, sent: int, flags: int, deadline: float | None
+) -> None:
+    """:func:`sendmsg_all` once ``sent`` bytes of ``buffers`` went out."""
+    views = [memoryview(b).cast("B") for b in buffers]
     i = 0
+    n = sent
     while i < len(views):
+        while n:  # drop what went out
+            if n >= len(views[i]):
+                n -= len(views[i])
+                i += 1
+            else:
+                views[i] = views[i][n:]
+                n = 0
+        while i < len(views) and not len(views[i]):
+            i += 1
+        if i == len(views):
+            return
         try:
             n = sock.sendmsg(views[i : i + IOV_MAX], (), flags)
         except BlockingIOError:
@@ -389,19 +435,13 @@ def sendmsg_all(sock: socket.socket, buffers: list, deadline: float | None = Non
             raise PeerGone(f"peer closed the connection: {exc}") from None
         except OSError as exc:  # EBADF and kin: the socket was closed under us
             raise PeerGone(f"connection lost: {exc}") from None
-        while n:
-            if n >= len(views[i]):
-                n -= len(views[i])
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
-        while i < len(views) and not len(views[i]):
-            i += 1
 
 
 def send_encoded(sock: socket.socket, enc: EncodedMessage, deadline: float | None = None) -> None:
     """Send a whole encoded message (hashing each piece just before it goes)."""
+    if enc.nbytes <= SEGMENT_BYTES:  # one batch: no segmenting to do
+        sendmsg_all(sock, enc.frames(), deadline)
+        return
     for batch in enc.segments():
         sendmsg_all(sock, batch, deadline)
 
@@ -415,21 +455,85 @@ class StreamReader:
         self._staging = bytearray(STAGING_BYTES)
         self._staging_view = memoryview(self._staging)
         self._tls = sock if isinstance(sock, TlsStream) else None
+        self._pollers: dict[int, select.poll] = {}  # by wake-up socket: it and this socket
+        self._rcvtimeo = 0.0  # the socket's SO_RCVTIMEO, seconds (0: none)
 
-    def read_message(self, deadline: float | None = None) -> Message:
+    def _receive_timeout(self, deadline: float | None) -> int:
+        """The ``recv`` flags for a read by ``deadline``, with SO_RCVTIMEO set so that a
+        blocking ``recv`` returns by then: one system call per read where ``MSG_DONTWAIT``
+        and ``poll`` take three when the data is not there yet. The timeout is only ever
+        lowered to half what is left (rarely a system call); a short wait goes to ``poll``."""
+        if deadline is None:
+            if self._rcvtimeo:
+                self._set_rcvtimeo(0.0)
+            return 0
+        left = deadline - time.monotonic()
+        if not _RCVTIMEO or left < RCVTIMEO_MIN_S:
+            return socket.MSG_DONTWAIT
+        if not self._rcvtimeo or self._rcvtimeo > left:
+            self._set_rcvtimeo(left / 2)
+        return 0
+
+    def _set_rcvtimeo(self, seconds: float) -> None:
+        whole = int(seconds)
+        self.sock.setsockopt(
+            socket.SOL_SOCKET,
+            socket.SO_RCVTIMEO,
+            _TIMEVAL.pack(whole, int((seconds - whole) * 1e6)),
+        )
+        self._rcvtimeo = seconds
+
+    def _wait(self, poller: select.poll, wake: socket.socket, deadline: float | None) -> None:
+        """Wait until the socket or ``wake`` is readable (see :meth:`read_message`)."""
+        while True:
+            if deadline is None:
+                left_ms = None
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportTimeout("receive timed out")
+                left_ms = left * 1000
+            ready = poller.poll(left_ms)
+            if not ready:
+                continue
+            if any(fd == wake.fileno() for fd, _ in ready):
+                with contextlib.suppress(BlockingIOError):
+                    while wake.recv(WAKE_BYTES):
+                        pass
+                raise ReadInterrupted("woken")
+            return
+
+    def read_message(
+        self, deadline: float | None = None, wake: socket.socket | None = None
+    ) -> Message:
         """Block until the next whole message; ``WireError`` for a bad one, ``PeerGone`` at EOF.
 
-        A timeout leaves the partial message in the stream; the next call resumes it.
+        A timeout leaves the partial message in the stream; the next call resumes it. With
+        ``wake`` (a non-blocking socket another thread writes to; not for TLS connections),
+        each wait for data is a ``poll`` on both, and a byte on ``wake`` ends the call with
+        :class:`ReadInterrupted` (its bytes read, the partial message kept).
         """
         stream = self.stream
         if self._tls is not None:
             return self._read_tls(self._tls, deadline)
-        flags = 0 if deadline is None else socket.MSG_DONTWAIT
+        poller = None
+        if wake is None:
+            flags = self._receive_timeout(deadline)
+        else:
+            flags = socket.MSG_DONTWAIT
+            poller = self._pollers.get(wake.fileno())
+            if poller is None:
+                poller = self._pollers[wake.fileno()] = select.poll()
+                poller.register(self.sock, select.POLLIN)
+                poller.register(wake, select.POLLIN)
         while True:
             event = stream.next_event()
             if event is not NEED_DATA:
-                return event  # type: ignore[return-value]
+                return event
             dst = stream.next_buffer()
+            if poller is not None:
+                assert wake is not None
+                self._wait(poller, wake, deadline)
             try:
                 if len(dst) >= STAGING_BYTES:
                     n = self.sock.recv_into(dst, 0, flags)
@@ -440,7 +544,10 @@ class StreamReader:
                     if n:
                         stream.receive_data(self._staging_view[:n])
             except BlockingIOError:
-                wait_ready(self.sock, select.POLLIN, deadline, "receive")
+                if flags or wake is not None:
+                    wait_ready(self.sock, select.POLLIN, deadline, "receive")
+                else:  # SO_RCVTIMEO ran out: the deadline may have come
+                    flags = self._receive_timeout(deadline)
                 continue
             except OSError as exc:  # reset, or the socket was shut down under us
                 raise PeerGone(f"connection lost: {exc}") from None
@@ -453,7 +560,7 @@ class StreamReader:
         while True:
             event = stream.next_event()
             if event is not NEED_DATA:
-                return event  # type: ignore[return-value]
+                return event
             dst = stream.next_buffer()
             big = len(dst) >= STAGING_BYTES
             n = tls.read_into(dst if big else self._staging_view, deadline)

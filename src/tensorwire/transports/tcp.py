@@ -11,19 +11,37 @@ send ``data`` messages, and ``bye`` before closing. Each connection has its own 
 on the hub; sends use ``sendmsg`` scatter-gather from the caller's thread. The socket stays
 blocking (see :mod:`~tensorwire.transports.stream_socket`), so a send's deadline never
 disturbs the reader.
+
+Reading is a turn (as on ``zmq+tcp://``): while the hub has one client, a thread in
+``hub.recv`` reads its connection itself and returns the message it completes, so a message
+is not handed from the reader thread to the caller (a futex and a thread switch each way).
+The connection's reader thread waits in ``poll`` on the socket and a wake-up socketpair, and
+steps aside while a ``recv`` reads and for ``CALLER_LINGER_S`` after, so back-to-back calls
+find the connection free; otherwise it reads, so ``gather``, ``stream``, joins and leaves are
+served as before. A message another client's reader thread delivers wakes the ``recv`` that
+reads. TLS connections keep the reader thread's blocking reads (their records are buffered
+where ``poll`` cannot see them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from tensorwire.codecs import get_codec
-from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
+from tensorwire.errors import (
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
 from tensorwire.transports.base import (
     Channel,
     Hub,
@@ -41,7 +59,13 @@ from tensorwire.transports.session import (
     Welcomed,
     bye,
 )
-from tensorwire.transports.stream_socket import StreamReader, send_encoded, wrap_tls
+from tensorwire.transports.stream_socket import (
+    WAKE_BYTES,
+    ReadInterrupted,
+    StreamReader,
+    send_encoded,
+    wrap_tls,
+)
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
 
@@ -50,6 +74,8 @@ log = logging.getLogger("tensorwire.transports.tcp")
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
 MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or why not) before closing anyway
+CALLER_LINGER_S = 0.02  # a reader thread leaves its connection to recv callers this long
+_NOW = 0.0  # a deadline (time.monotonic()) long past: read what has arrived, never wait
 
 
 def _tune(sock: socket.socket) -> None:
@@ -68,11 +94,41 @@ def _say(sock: socket.socket, enc: EncodedMessage) -> None:
         send_encoded(sock, enc, deadline_after(BYE_TIMEOUT))
 
 
+def _waker() -> tuple[socket.socket, socket.socket]:
+    """A socketpair, both ends non-blocking: a byte on the second wakes a poll on the first."""
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    return r, w
+
+
+def _wake(w: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+        w.send(b"\0")
+
+
+def _drain(r: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while r.recv(WAKE_BYTES):
+            pass
+
+
 @dataclass(eq=False)
 class _Peer:
     client_id: str
     sock: socket.socket
     send_lock: threading.Lock
+    reader: StreamReader | None = None
+    session: HubSession | None = None
+    # Reading (see the module doc): whoever holds ``turn`` may use reader and session.
+    turn: threading.Lock = field(default_factory=threading.Lock)
+    callers: int = 0  # recv calls reading this connection, or waiting to (under hub._turns)
+    callers_left_at: float = 0.0  # time.monotonic() when the last one stopped
+    polling: bool = False  # its reader thread waits (or is about to) in poll
+    ended: str | None = None  # why its connection is over, once it is
+    turns: bool = False  # recv may read it: its reader thread takes turns (after on_join)
+    wake_r: socket.socket | None = None  # wakes its reader thread out of poll
+    wake_w: socket.socket | None = None
 
 
 class TcpHub(Hub):
@@ -90,6 +146,10 @@ class TcpHub(Hub):
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
+        self._turns = threading.Condition()  # guards the peers' reading turns (see _Peer)
+        self._stopping = False
+        self._caller_wake_r, self._caller_wake_w = _waker()  # wakes a recv that reads
+        self._callers_reading = 0  # recv calls reading a connection now (under _turns)
         self._accepting = threading.Thread(
             target=self._accept_loop, name="tensorwire-tcp-accept", daemon=True
         )
@@ -150,7 +210,9 @@ class TcpHub(Hub):
         hello = session.hello
         assert hello is not None
         cid = hello.client_id
-        peer = _Peer(cid, conn, threading.Lock())
+        peer = _Peer(cid, conn, threading.Lock(), reader, session)
+        if self._ssl is None:
+            peer.wake_r, peer.wake_w = _waker()
         # A member before its welcome goes out (a client that has its welcome can count on the
         # hub knowing its codecs and limits), and no other send reaches it before the welcome.
         unwelcome = None
@@ -169,17 +231,183 @@ class TcpHub(Hub):
             except TransportError as exc:
                 unwelcome = f"the welcome could not be sent: {exc}"
         self._announce_member(cid, replaced)
-        reason = unwelcome or self._read_loop(peer, reader, session)
+        if unwelcome:
+            reason = unwelcome
+        elif peer.wake_r is None:
+            reason = self._read_loop(peer, reader, session)
+        else:
+            peer.turns = True
+            reason = self._take_turns(peer)
+        with self._turns:
+            peer.ended = peer.ended or reason  # no recv starts reading it now
         with self._lock:
             current = self._peers.get(cid) is peer
             if current:
                 del self._peers[cid]
             self._threads.discard(threading.current_thread())
-        _shutdown(conn)
-        with peer.send_lock:  # a send still running on this socket finishes (with PeerGone)
+        _shutdown(conn)  # a recv reading it returns (PeerGone) and gives up its turn
+        with peer.turn, peer.send_lock:  # nobody reads or sends on a closed (reused) fd
             conn.close()
+            for w in (peer.wake_r, peer.wake_w):
+                if w is not None:
+                    w.close()
         if current:
             self._left(cid, reason, session=peer)
+
+    def _take_turns(self, peer: _Peer) -> str:
+        """The reader thread of a plain connection: wait in ``poll``, read what came while no
+        ``recv`` reads the connection (see the module doc); return why the peer left."""
+        assert peer.wake_r is not None
+        poller = select.poll()
+        poller.register(peer.sock, select.POLLIN)
+        poller.register(peer.wake_r, select.POLLIN)
+        wake_fd = peer.wake_r.fileno()
+        while True:
+            with self._turns:
+                while peer.ended is None and not self._stopping:
+                    idle = time.monotonic() - peer.callers_left_at
+                    if not peer.callers and idle >= CALLER_LINGER_S:
+                        break
+                    # callers do not wake it when they stop: it looks again every linger
+                    self._turns.wait(CALLER_LINGER_S if peer.callers else CALLER_LINGER_S - idle)
+                if peer.ended is not None:
+                    return peer.ended
+                peer.polling = True
+            assert peer.reader is not None
+            if not peer.reader.stream.pending:  # a recv may have left messages buffered
+                ready = poller.poll()
+                if any(fd == wake_fd for fd, _ in ready):
+                    _drain(peer.wake_r)
+            with self._turns:
+                peer.polling = False
+            with peer.turn:
+                if peer.ended is not None:
+                    return peer.ended
+                if peer.callers and not self._stopping:
+                    continue  # a recv reads it: back to waiting
+                reason = self._read_arrived(peer)
+                if reason is not None:
+                    return reason
+
+    def _read_arrived(self, peer: _Peer) -> str | None:
+        """Deliver the messages that have arrived (the rest of one begun too); why the peer
+        left, or None when it may send more (turn held)."""
+        reader, session = peer.reader, peer.session
+        assert reader is not None and session is not None
+        while True:
+            try:
+                try:
+                    msg = reader.read_message(_NOW)
+                except TransportTimeout:
+                    if not reader.stream.in_message:
+                        return None
+                    msg = reader.read_message()  # the rest of a message is on its way
+            except WireError as exc:
+                self._rejected(peer.client_id, exc)
+                if reader.stream.broken:
+                    return f"sent bytes that are not a tensorwire message ({exc})"
+                continue
+            except TransportError as exc:
+                return str(exc)
+            event = session.receive(msg)
+            if isinstance(event, Data):
+                self._delivered(peer.client_id, msg)
+            elif isinstance(event, Closed):
+                return event.reason
+            else:
+                log.debug("tcp: %r: %s", peer.client_id, event)
+
+    def _delivered(self, client_id: str, msg: Message) -> None:
+        super()._delivered(client_id, msg)
+        if self._callers_reading:  # a recv reading another connection: it should look
+            _wake(self._caller_wake_w)
+
+    def recv(self, timeout: float | None = None) -> tuple[str, Message]:
+        """The next message from any client, as ``(client_id, message)``.
+
+        While the hub has one client (on a plain connection), the calling thread reads its
+        connection itself (see the module doc)."""
+        deadline = deadline_after(timeout)
+        with self._lock:
+            peers = list(self._peers.values())
+        peer = peers[0] if len(peers) == 1 else None
+        if peer is None or not peer.turns or peer.wake_w is None:
+            return super().recv(timeout)
+        with self._turns:
+            if peer.ended is not None or self._stopping:
+                return super().recv(timeout)
+            peer.callers += 1
+            if peer.polling:
+                _wake(peer.wake_w)
+        try:
+            got = self._read_for_caller(peer, deadline, timeout)
+        finally:
+            with self._turns:
+                peer.callers -= 1
+                peer.callers_left_at = time.monotonic()
+                if peer.ended is not None:
+                    self._turns.notify_all()  # its reader thread says why it left
+        if got is not None:
+            return got
+        left = remaining(deadline)
+        return super().recv(None if left is None else left)
+
+    def _read_for_caller(
+        self, peer: _Peer, deadline: float | None, timeout: float | None
+    ) -> tuple[str, Message] | None:
+        """Read ``peer``'s connection in a ``recv`` until a message is in the inbox; None if
+        the connection ended (or its turn did not come by the deadline)."""
+        left = remaining(deadline)
+        if not peer.turn.acquire(timeout=-1 if left is None else left):
+            return None
+        try:
+            with self._turns:
+                self._callers_reading += 1
+            reader, session = peer.reader, peer.session
+            assert reader is not None and session is not None
+            while True:
+                with self._cond:
+                    if self._inbox:
+                        return self._inbox.popleft()
+                    if self._closed:
+                        return None
+                if peer.ended is not None:
+                    return None
+                try:
+                    msg = reader.read_message(deadline, wake=self._caller_wake_r)
+                except ReadInterrupted:
+                    continue  # another client's message may be in the inbox
+                except WireError as exc:
+                    self._rejected(peer.client_id, exc)
+                    if reader.stream.broken:
+                        self._end_turns(
+                            peer, f"sent bytes that are not a tensorwire message ({exc})"
+                        )
+                    continue
+                except TransportTimeout:
+                    raise TransportTimeout(f"no message within {timeout} s") from None
+                except TransportError as exc:
+                    self._end_turns(peer, str(exc))
+                    continue
+                event = session.receive(msg)
+                if isinstance(event, Data):
+                    super()._delivered(peer.client_id, msg)  # no wake-up: this thread looks
+                elif isinstance(event, Closed):
+                    self._end_turns(peer, event.reason)
+                else:
+                    log.debug("tcp: %r: %s", peer.client_id, event)
+        finally:
+            with self._turns:
+                self._callers_reading -= 1
+            peer.turn.release()
+
+    def _end_turns(self, peer: _Peer, reason: str) -> None:
+        """A ``recv`` found ``peer``'s connection over: its reader thread ends the session."""
+        with self._turns:
+            if peer.ended is None:
+                peer.ended = reason
+            self._turns.notify_all()
+        _shutdown(peer.sock)
 
     def _read_loop(self, peer: _Peer, reader: StreamReader, session: HubSession) -> str:
         """Deliver the peer's messages until it leaves; return why it left."""
@@ -217,6 +445,9 @@ class TcpHub(Hub):
         _shutdown(self._lsock)
         self._lsock.close()
         self._accepting.join(timeout=5)
+        with self._turns:
+            self._stopping = True  # reader threads stop stepping aside
+            self._turns.notify_all()
         with self._lock:
             peers = list(self._peers.values())
             threads = list(self._threads)
@@ -230,6 +461,8 @@ class TcpHub(Hub):
             _shutdown(peer.sock)
         for t in threads:
             t.join(timeout=5)
+        self._caller_wake_r.close()
+        self._caller_wake_w.close()
 
 
 class TcpChannel(Channel):

@@ -84,7 +84,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from zmq.utils import z85
@@ -438,7 +438,7 @@ def _readable(sock: zmq.Socket) -> bool:
     """Whether ``sock`` holds a message, without raising as a failed read does. libzmq takes
     the socket's pending commands first, so when it says no, the socket's FD is armed: it
     signals the next change (ZMQ_FD is edge-triggered)."""
-    return bool(sock.get(_EVENTS) & _POLLIN)
+    return bool(cast(int, sock.get(_EVENTS)) & _POLLIN)  # pyzmq types options int | bytes
 
 
 def _recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
@@ -616,7 +616,7 @@ class ZmqHub(Hub):
         except zmq.ZMQError as exc:
             self._ctx.destroy(linger=0)
             raise TransportError(f"cannot listen on {url}: {exc}") from None
-        self.url = "zmq+" + self._router.last_endpoint.decode()
+        self.url = "zmq+" + cast(bytes, self._router.last_endpoint).decode()
         self._lock = threading.Lock()  # whoever holds it may use the ROUTER (and _route)
         self._stopping = False
         self._polling = False  # a reader may wait on the ROUTER's FD (guarded by _lock)
@@ -635,8 +635,8 @@ class ZmqHub(Hub):
         self._closing: list[_Peer] = []  # sessions whose connection closed, not yet left
         self._monitor_due = True  # its FD signals only after a read found it empty: read it
         self._wake_r, self._wake_w = _waker()
-        self._monitor_fd, self._wake_fd = self._monitor.fd, self._wake_r.fileno()
-        self._poll = _poller(self._router.fd, self._monitor_fd, self._wake_fd)
+        self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
+        self._poll = _poller(self._router.fileno(), self._monitor_fd, self._wake_fd)
         self._io = threading.Thread(target=self._run, name="tensorwire-zmq-hub", daemon=True)
         self._io.start()
 
@@ -1212,9 +1212,9 @@ class ZmqChannel(Channel):
                 self._dealer.curve_secretkey = secret
             self._monitor = self._dealer.get_monitor_socket(_MONITOR_EVENTS)
             self._wake_r, self._wake_w = _waker()
-            self._monitor_fd, self._wake_fd = self._monitor.fd, self._wake_r.fileno()
-            self._poll_in = _poller(self._dealer.fd, self._monitor_fd, self._wake_fd)
-            self._poll_out = _poller(self._dealer.fd, self._monitor_fd)
+            self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
+            self._poll_in = _poller(self._dealer.fileno(), self._monitor_fd, self._wake_fd)
+            self._poll_out = _poller(self._dealer.fileno(), self._monitor_fd)
             self._reader = _Reassembler(self.limits)
             self._pending.clear()
             self._closed = self._lost = self._welcomed = False
@@ -1320,7 +1320,7 @@ class ZmqChannel(Channel):
         """Wait until the DEALER takes a message: connected, and its queue not full."""
         # ZMQ_FD signals any change of the events (edge-triggered): wait on it only after
         # ZMQ_EVENTS said "not writable", and ask again after every wake-up.
-        while not self._dealer.get(_EVENTS) & _POLLOUT:
+        while not cast(int, self._dealer.get(_EVENTS)) & _POLLOUT:
             self._check_usable()
             left = remaining(deadline)
             if left == 0.0:

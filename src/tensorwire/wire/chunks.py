@@ -71,8 +71,9 @@ def new_message_id() -> int:
 
 class ChunkHeader(NamedTuple):  # a NamedTuple: built per chunk, 3x cheaper than a dataclass
     message_id: int
-    index: int
-    count: int
+    # index and count hide tuple's methods of those names: the wire format's names win.
+    index: int  # type: ignore[assignment]
+    count: int  # type: ignore[assignment]
     offset: int
     total_length: int
 
@@ -348,7 +349,7 @@ class _Pending:
     def leading_bytes(self) -> memoryview:
         buf = self.head if self.data is None else self.data
         end = min(self._advance_lead() * (self.chunk_payload or 0), self.total)
-        return memoryview(buf)[:end]
+        return buf.data[:end]
 
     def to_partial(self) -> PartialMessage:
         size = self.chunk_payload or 0

@@ -8,6 +8,7 @@ then take messages from :meth:`~MessageStream.next_event`. It never touches a so
 
 from __future__ import annotations
 
+import enum
 import struct
 import time
 from collections import deque
@@ -47,12 +48,17 @@ from tensorwire.wire.tensors import TensorPath, map_leaves, to_torch, unflatten
 _U64 = struct.Struct("<Q")
 
 
-class _NeedData:
+# A one-member enum, so that ``event is NEED_DATA`` narrows ``event`` for type checkers.
+class _NeedData(enum.Enum):
+    NEED_DATA = "NEED_DATA"
+
     def __repr__(self) -> str:
         return "NEED_DATA"
 
+    __str__ = __repr__
 
-NEED_DATA: Final = _NeedData()
+
+NEED_DATA: Final = _NeedData.NEED_DATA
 """Returned by ``MessageStream.next_event`` when no complete message is buffered."""
 
 
@@ -147,7 +153,7 @@ def decode_chain(
             if i:
                 buf = pool.acquire(sizes[i])
                 scratch.append(buf)
-                dst = memoryview(buf)
+                dst = buf.data
             else:
                 dst = out
             try:
@@ -164,7 +170,7 @@ def decode_chain(
             pool.release(buf)
 
 
-def _check_digest(spec: TensorSpec, computed: int, sent: bytes | memoryview) -> None:
+def _check_digest(spec: TensorSpec, computed: int, sent: bytes | bytearray | memoryview) -> None:
     (expected,) = _U64.unpack(sent)
     if computed != expected:
         raise ChecksumMismatch(
@@ -309,6 +315,11 @@ class MessageStream:
     def in_message(self) -> bool:
         """True between the first byte of a message and its end."""
         return self._phase != _PREFIX or self._pos > 0
+
+    @property
+    def pending(self) -> int:
+        """Messages (and errors) complete and waiting for :meth:`next_event`."""
+        return len(self._events)
 
     def next_buffer(self) -> memoryview:
         """Where the next incoming bytes belong (at most ``max_read`` bytes); fill, then advance."""
@@ -475,7 +486,7 @@ class MessageStream:
         self._arr = output_array(spec, self._out)
         if self._chains[self._index]:
             self._scratch: np.ndarray | None = self.pool.acquire(spec.size)
-            dst = memoryview(self._scratch)
+            dst = self._scratch.data
         else:
             self._scratch = None
             dst = byte_view(self._arr, spec.order)
@@ -493,7 +504,7 @@ class MessageStream:
                 decode_chain(
                     spec,
                     self._chains[self._index],
-                    memoryview(self._scratch),
+                    self._scratch.data,
                     byte_view(self._arr, spec.order),
                     self.pool,
                 )

@@ -13,7 +13,7 @@ import xxhash
 from tensorwire.wire.codec import CodecSelector
 from tensorwire.wire.format import DIGEST_SIZE, assemble_header, pack_prefix
 from tensorwire.wire.plans import ShapeKey, array_header, encode_plan
-from tensorwire.wire.tensors import TensorPath, flatten, to_numpy
+from tensorwire.wire.tensors import Order, TensorPath, flatten, to_numpy
 
 _U64 = struct.Struct("<Q")
 
@@ -23,11 +23,11 @@ SEGMENT_BYTES = 1 << 20
 """Pieces a big tensor is hashed and sent in: small enough to stay in cache between the two."""
 
 
-def byte_view(arr: np.ndarray, order: str) -> memoryview:
+def byte_view(arr: np.ndarray, order: Order) -> memoryview:
     """A flat uint8 memoryview of a contiguous array's memory, in ``order``, without a copy."""
     if order == "C" and arr.size and arr.dtype.kind in _BUFFER_KINDS:
         return arr.data.cast("B")  # the cheap way; numpy's own dtypes only
-    return memoryview(arr.reshape(-1, order=order).view(np.uint8))
+    return arr.reshape(-1, order=order).view(np.uint8).data
 
 
 def _as_byte_view(buf: Any) -> memoryview:
@@ -122,7 +122,7 @@ class EncodedMessage:
         return b"".join(self.frames())
 
 
-def _contiguous(arr: np.ndarray) -> tuple[np.ndarray, str]:
+def _contiguous(arr: np.ndarray) -> tuple[np.ndarray, Order]:
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     if arr.flags.c_contiguous:
@@ -135,12 +135,12 @@ def _contiguous(arr: np.ndarray) -> tuple[np.ndarray, str]:
 def _leaves(tensors: Mapping[str, Any]) -> tuple[list[np.ndarray], ShapeKey]:
     """Every tensor as a contiguous array, and the message's shape key (``plans``)."""
     arrays: list[np.ndarray] = []
-    key: list[tuple[TensorPath, np.dtype, tuple[int, ...], str]] = []
+    key: list[tuple[TensorPath, np.dtype, tuple[int, ...], Order]] = []
     for path, leaf in flatten(tensors):
         arr = leaf if type(leaf) is np.ndarray else to_numpy(leaf, path)
         flags = arr.flags
         if flags.c_contiguous and arr.dtype.byteorder != ">":
-            order = "C"
+            order: Order = "C"
         else:
             arr, order = _contiguous(arr)
         arrays.append(arr)

@@ -15,7 +15,7 @@ import struct
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 import numpy as np
@@ -32,7 +32,7 @@ from tensorwire.errors import (
 )
 from tensorwire.wire.dtypes import dtype_from_name
 from tensorwire.wire.plans import TENSOR_TABLES, TensorTable, pack
-from tensorwire.wire.tensors import TensorPath
+from tensorwire.wire.tensors import Order, TensorPath
 
 MAGIC = b"TWIR"
 VERSION = 1
@@ -66,7 +66,7 @@ class TensorSpec:
     path: TensorPath
     dtype: np.dtype
     shape: tuple[int, ...]
-    order: str  # "C" or "F"
+    order: Order
     nbytes: int  # decoded size
     size: int  # encoded size on the wire
     codecs: tuple[dict[str, Any], ...] = ()
@@ -181,9 +181,21 @@ def build_header(
     return assemble_header(kind, meta, t0, packed)
 
 
+_HEAD_STARTS: dict[str, bytes] = {}  # kind -> the header's bytes up to its tensors, no meta
+_MAX_HEAD_STARTS = 16
+_T0_F64 = struct.Struct(">Bd")  # msgpack's float 64: 0xcb, then the value big-endian
+
+
 def assemble_header(kind: str, meta: dict[str, Any], t0: float | None, tensors: bytes) -> bytes:
     """The header map around an already packed ``tensors`` array: the same bytes as packing
     ``{"kind", "meta", "tensors"[, "t0"]}`` in that order (section 4.1's reference layout)."""
+    if not meta and type(t0) is float and type(kind) is str:  # most messages: bytes joined
+        start = _HEAD_STARTS.get(kind)
+        if start is None:
+            start = b"\x84" + _KIND_KEY + pack(kind) + _META_KEY + b"\x80" + _TENSORS_KEY
+            if len(_HEAD_STARTS) < _MAX_HEAD_STARTS:
+                _HEAD_STARTS[kind] = start
+        return b"".join((start, tensors, _T0_KEY, _T0_F64.pack(0xCB, t0)))
     _check_str_keys(meta, "meta")
     try:
         parts = [
@@ -243,7 +255,7 @@ def parse_header(data: bytes | memoryview, prefix: Prefix, limits: Limits) -> Me
     validated in full.
     """
     header = bytes(data)
-    split = _split_header(header)
+    split = _quick_split(header) or _split_header(header)
     if split is None:
         doc = _unpack_header(header)
         span, table, entries = None, None, doc.get("tensors", [])
@@ -290,6 +302,34 @@ def _unpack_header(header: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise MalformedHeader(f"header must be a map, got {type(doc).__name__}")
     return doc
+
+
+_KIND_AT = b"\x84\xa4kind"
+_META_EMPTY_TENSORS = b"\xa4meta\x80\xa7tensors"
+
+
+def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any] | None:
+    """:func:`_split_header` for the commonest header: a fixstr ``kind``, empty ``meta``, a
+    ``tensors`` array validated before and a float 64 ``t0``; None for any other."""
+    if not header.startswith(_KIND_AT) or len(header) < 21:
+        return None
+    code = header[6]
+    if not 0xA0 <= code <= 0xBF:
+        return None
+    start = 7 + (code & 0x1F)
+    end = len(header)
+    if header[start : start + 14] != _META_EMPTY_TENSORS or header[end - 12 : end - 8] != _T0_TAIL:
+        return None
+    span = header[start + 14 : end - 12]
+    table = TENSOR_TABLES.get(span)  # cached: exactly one valid array, so the split is right
+    if table is None:
+        return None
+    try:
+        kind = header[7:start].decode()
+    except UnicodeDecodeError:
+        return None
+    doc = {"kind": kind, "meta": {}, "t0": _F64.unpack_from(header, end - 8)[0]}
+    return doc, span, table, _CACHED
 
 
 def _split_header(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable | None, Any] | None:
@@ -356,7 +396,7 @@ def _validate_tensors(entries: Any, limits: Limits) -> TensorTable:
     )
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return type(value) is int and value >= 0
 
 

@@ -23,11 +23,12 @@ import msgpack
 import numpy as np
 
 from tensorwire.wire.dtypes import name_of_dtype
+from tensorwire.wire.tensors import Order
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-ShapeKey = tuple[tuple[tuple[str, ...], np.dtype, tuple[int, ...], str], ...]
+ShapeKey = tuple[tuple[tuple[str, ...], np.dtype, tuple[int, ...], Order], ...]
 """(path, dtype, shape, order) of every tensor of a message, in body order."""
 
 _packers = threading.local()  # a Packer keeps state between calls: one per thread

@@ -6,12 +6,15 @@ torch is never imported here unless the caller hands us a torch tensor or asks f
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
 
 TensorPath = tuple[str, ...]
+
+Order = Literal["C", "F"]
+"""A tensor's memory order on the wire: row-major ("C") or column-major ("F")."""
 
 
 def _is_torch_tensor(obj: object) -> bool:

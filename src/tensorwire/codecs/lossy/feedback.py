@@ -12,10 +12,11 @@ not use it for tensors that replace the previous ones (model weights, optimizer 
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -26,13 +27,15 @@ from tensorwire.errors import CodecConfigError
 CompressorFactory = Callable[[str], LossyCodec]
 """Builds a compressor for a dtype (a wire dtype name), e.g. ``partial(TopK, ratio=0.01)``."""
 
+_Key = tuple[str, tuple[int, ...], Literal["C", "F"]]  # dtype, shape, memory order
+
 
 @dataclass
 class _Memory:
     """The sender's state for one tensor name: its compressor, residual and momentum."""
 
     compressor: LossyCodec
-    key: tuple[str, tuple[int, ...], str]  # dtype, shape, memory order
+    key: _Key
     residual: np.ndarray  # flat, in memory order, float32 (float64 for float64 tensors)
     momentum: np.ndarray | None = None
 
@@ -46,6 +49,13 @@ class _Round:
     x: np.ndarray  # what was compressed: gradient + residual (+ momentum)
     decoded: np.ndarray
     velocity: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class FeedbackSnapshot:
+    """What :meth:`ErrorFeedback.snapshot` took: opaque, for :meth:`ErrorFeedback.restore`."""
+
+    memories: dict[str, _Memory]
 
 
 class ErrorFeedback:
@@ -110,7 +120,7 @@ class ErrorFeedback:
         dtype = float_dtype_name(array, self.min_size)
         if dtype is None:
             return []
-        key = (dtype, tuple(array.shape), "C" if array.flags.c_contiguous else "F")
+        key: _Key = (dtype, tuple(array.shape), "C" if array.flags.c_contiguous else "F")
         with self._lock:
             memory = self._memories.get(name)
             if memory is None or memory.key != key:  # new, or reshaped: start afresh
@@ -131,6 +141,18 @@ class ErrorFeedback:
             return None
         _, shape, order = memory.key
         return memory.residual.reshape(shape, order=order).copy()
+
+    def snapshot(self) -> FeedbackSnapshot:
+        """A copy of every tensor's memory (residual, momentum, and the compressor with its
+        random state), for :meth:`restore`: a sender whose update was not applied (lost,
+        rejected, too late) puts the memory back as it was before that update."""
+        with self._lock:
+            return FeedbackSnapshot(copy.deepcopy(self._memories))
+
+    def restore(self, snapshot: FeedbackSnapshot) -> None:
+        """Put back the memory :meth:`snapshot` took (the snapshot stays usable)."""
+        with self._lock:
+            self._memories = copy.deepcopy(snapshot.memories)
 
     def reset(self, name: str | None = None) -> None:
         """Forget the residual (and momentum) of ``name``, or of every tensor."""

@@ -62,7 +62,7 @@ class Int8(LossyCodec):
             scales[:] = amax / 127
         require_finite(scales, self.codec_id)
         payload = np.empty(HEADER.size + 4 * nblocks + n, dtype=np.uint8)
-        HEADER.pack_into(payload, 0, n)
+        HEADER.pack_into(payload.data, 0, n)
         payload[HEADER.size : HEADER.size + 4 * nblocks].view("<f4")[:] = scales
         q = payload[HEADER.size + 4 * nblocks :].view(np.int8)
         divisors = np.where(scales > 0, scales, 1).astype(self._work)  # an all-zero block: q = 0

@@ -143,7 +143,7 @@ class QSGD(LossyCodec):
         magnitude += s
         packed = pack_codes(magnitude.astype(np.uint8), self._width)
         payload = np.empty(HEADER.size + 4 * nblocks + packed.size, dtype=np.uint8)
-        HEADER.pack_into(payload, 0, n)
+        HEADER.pack_into(payload.data, 0, n)
         payload[HEADER.size : HEADER.size + 4 * nblocks].view("<f4")[:] = norms
         payload[HEADER.size + 4 * nblocks :] = packed
         return payload

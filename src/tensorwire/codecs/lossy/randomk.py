@@ -115,7 +115,7 @@ class RandomK(LossyCodec):
         seed = int(self._rng.integers(0, 1 << 64, dtype=np.uint64))
         values = x[random_indices(n, k, seed)]
         payload = np.empty(HEADER.size + values.nbytes, dtype=np.uint8)
-        HEADER.pack_into(payload, 0, n, seed, k)
+        HEADER.pack_into(payload.data, 0, n, seed, k)
         payload[HEADER.size :] = values.view(np.uint8)
         return payload
 

@@ -120,7 +120,7 @@ def lossy_selector(
         )
     if "dtype" in params:
         raise CodecConfigError("dtype is set per tensor by the selector; do not pass it")
-    factory = functools.partial(cls, **params)
+    factory: CompressorFactory = functools.partial(cls, **params)
     try:
         factory("float32")
     except TypeError as e:  # an unknown parameter: say which ones the compressor takes

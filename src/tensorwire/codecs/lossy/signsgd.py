@@ -47,7 +47,7 @@ class SignSGD(LossyCodec):
         require_finite(np.array([scale]), self.codec_id)
         signs = np.packbits(work < 0, bitorder="little")
         payload = np.empty(HEADER.size + signs.size, dtype=np.uint8)
-        HEADER.pack_into(payload, 0, n, scale)
+        HEADER.pack_into(payload.data, 0, n, scale)
         payload[HEADER.size :] = signs
         return payload
 

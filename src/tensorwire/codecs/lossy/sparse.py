@@ -49,7 +49,7 @@ def pack_sparse(n: int, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
         gaps = stored
     k = values.size
     payload = np.empty(HEADER.size + values.nbytes + 2 * k, dtype=np.uint8)
-    HEADER.pack_into(payload, 0, n, k)
+    HEADER.pack_into(payload.data, 0, n, k)
     payload[HEADER.size : HEADER.size + values.nbytes] = values.view(np.uint8)
     payload[HEADER.size + values.nbytes :].view("<u2")[:] = gaps
     return payload

@@ -219,7 +219,7 @@ class ControlReader:
                 continue
             if event is NEED_DATA:
                 break
-            items.append(event)  # type: ignore[arg-type]
+            items.append(event)
         if framing is not None:
             items.append(framing)
         return items
