@@ -84,7 +84,7 @@ if torch_installed; then
   pin=("torch==$(.venv/bin/python -c 'import torch; print(torch.__version__)')")
 fi
 if [ "$TORCH_BUILD" = none ] && ! torch_installed; then
-  "${PIP[@]}" install -e ".[zmq,mqtt,amqp,flight,bench,dev]"
+  "${PIP[@]}" install -e ".[zmq,mqtt,amqp,flight,quic,bench,dev]"
 else
   "${PIP[@]}" install -e ".[all,dev]" "${pin[@]}"
 fi

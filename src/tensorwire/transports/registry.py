@@ -394,3 +394,10 @@ register_transport(
     baseline="arrow_flight",
     baseline_target=0.9,
 )
+register_transport(
+    "quic",
+    f"{_T}.quic.QuicHub",
+    f"{_T}.quic.QuicChannel",
+    "quic",
+    local_url="quic://127.0.0.1:0?mtu=16000",  # loopback: the largest datagrams quic takes
+)
