@@ -48,7 +48,11 @@ def test_defaults_come_from_the_config(command):
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["--model", "vgg11"], "choose vgg5, vgg8, or package.module:function"),
+        (
+            ["--model", "vgg11"],
+            "choose vgg5, vgg8, resnet18, payload:<size> (e.g. payload:10MB), or "
+            "package.module:function",
+        ),
         (["--model", "no_such_module_here:make"], "cannot import 'no_such_module_here'"),
         (["--model", "json:no_such_function"], "has no 'no_such_function'"),
         (["--dataset", "imagenet"], "imagenet"),

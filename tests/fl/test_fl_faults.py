@@ -122,6 +122,9 @@ def test_killed_hung_and_restarted_devices_do_not_stop_the_run(protocol, tmp_pat
     def on_round(row: dict) -> None:
         r = row["round"]
         if r == 1:  # killed once round 2 is under way
+            # frozen now, so a timer that fires late on a busy machine cannot let its round-2
+            # update out first; killed half a second later
+            devices.signal(1, signal.SIGSTOP)
             timers.append(threading.Timer(0.5, devices.signal, (1, signal.SIGKILL)))
             timers[-1].start()
         elif r == 2:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +37,13 @@ from typing import Any
 
 import pandas as pd
 
+from tensorwire.bench.fl_faults import (
+    FaultActions,
+    FaultInjector,
+    needs_broker,
+    needs_links,
+    parse_scenario,
+)
 from tensorwire.bench.fl_matrix import SEQUENTIAL, Experiment, Matrix, fanout_of, transport_of
 from tensorwire.errors import MissingDependency, TensorwireError
 from tensorwire.testbed import (
@@ -117,9 +126,22 @@ def skip_reasons(matrix: Matrix, testbed: BaseTestbed) -> dict[str, str]:
             why = "topologies and per-device links need the namespace testbed (loopback here)"
         if why is None and exp.stress in tools and not caps.has(tools[exp.stress]):
             why = caps[tools[exp.stress]].reason
+        if why is None:
+            why = fault_problem(exp, testbed)
         if why is not None:
             reasons[exp.key] = why
     return reasons
+
+
+def fault_problem(exp: Experiment, testbed: BaseTestbed) -> str | None:
+    """Why ``exp``'s fault scenario cannot happen here (a broker restart without a broker,
+    a link flap without links), or None."""
+    events = parse_scenario(exp.faults, exp.clients, exp.rounds)
+    if needs_broker(events) and transport_of(exp.protocol).broker_kind() is None:
+        return f"fault {exp.faults!r}: {exp.protocol} has no broker to restart"
+    if needs_links(events) and not testbed.shaped:
+        return f"fault {exp.faults!r}: a link flap needs the namespace testbed (loopback here)"
+    return None
 
 
 def choose_testbed(devices: int, say: Callable[[str], None], topology: str = "star") -> BaseTestbed:
@@ -164,6 +186,7 @@ class Endpoints:
     device_url: str
     broker: dict[str, Any] | None = None
     device_urls: list[str] | None = None
+    broker_server: Any = None  # the running broker (restarted by a fault), if there is one
 
     def url_of(self, device: int) -> str:
         """The URL device ``device`` (1-based) connects to."""
@@ -212,10 +235,14 @@ def endpoints(
         port = broker_kind.port if testbed.shaped else 0
         server_class = broker_kind.load("server")
         tls = {"tls": hub_tls(certs)} if certs is not None else {}
-        with server_class(port, bind=address, command_prefix=prefix, **tls) as broker:
+        # kept on disk across a restart, as a deployed broker's state is (Debian's
+        # mosquitto.conf says persistence true; RabbitMQ keeps durable queues anyway)
+        keep = {"persistence": True} if _takes(server_class, "persistence") else {}
+        with server_class(port, bind=address, command_prefix=prefix, **tls, **keep) as broker:
             url = _with_query(broker.url(tag), params)
             facts = {a: getattr(broker, a) for a in ("pid", "node") if hasattr(broker, a)}
-            yield Endpoints(url, url, {"kind": broker_kind.name, "url": url, "at": node, **facts})
+            facts = {"kind": broker_kind.name, "url": url, "at": node, **facts}
+            yield Endpoints(url, url, facts, broker_server=broker)
         return
     address = testbed.server_address
     port = SERVER_PORT if testbed.shaped else _free_port()
@@ -229,6 +256,10 @@ def endpoints(
             for r in device_rates
         ]
     yield Endpoints(server, device, device_urls=each)
+
+
+def _takes(cls: Any, name: str) -> bool:
+    return name in inspect.signature(cls).parameters
 
 
 def _paths(exp: Experiment) -> tuple[float | None, list[float] | None]:
@@ -274,26 +305,44 @@ def _python_tensorwire(*args: str) -> list[str]:
     return [sys.executable, "-m", "tensorwire", *args]
 
 
-# ``tensorwire fl server`` whose hub broadcasts one device after another: ``serve`` made to
-# open hubs with ``fanout="sequential"`` before the CLI runs (``fl server`` has no option for
-# it yet). It refuses to run where serve has no such fan-out rather than measure concurrency.
-_SEQUENTIAL_SERVER = (
-    "import functools, runpy, sys, tensorwire, tensorwire.transports as t; "
-    "'sequential' in getattr(t, 'FANOUTS', ()) or sys.exit('no sequential fan-out here'); "
-    "tensorwire.serve = functools.partial(t.serve, fanout='sequential'); "
-    "runpy.run_module('tensorwire', run_name='__main__')"
-)
+def round_deadline(exp: Experiment) -> float:
+    """The deadline of each round of ``exp``: its own, else :data:`ROUND_TIMEOUT` without
+    faults and :func:`fault_deadline` with."""
+    if exp.deadline is not None:
+        return exp.deadline
+    return ROUND_TIMEOUT if exp.faults == "none" else fault_deadline(exp)
+
+
+def fault_deadline(exp: Experiment) -> float:
+    """A deadline a round of ``exp`` meets without faults: three times its transfers at the
+    slowest link's rate (the model down and the update up), plus 30 s for training,
+    evaluation and a device's start."""
+    from tensorwire.fl.models import model_bytes
+
+    size = model_bytes(exp.model) or 50_000_000
+    rate = exp.link_profile().rate or 1e9
+    return round(30.0 + 3 * 2 * size * 8 / rate, 1)
+
+
+def round_quorum(exp: Experiment) -> int:
+    """The updates a round of ``exp`` needs: its own quorum, else half the devices (at least
+    one) with faults, and one without (every sampled device is waited for anyway)."""
+    if exp.quorum is not None:
+        return exp.quorum
+    return 1 if exp.faults == "none" else max(1, -(-exp.clients // 2))
 
 
 def server_command(
-    exp: Experiment, url: str, exp_dir: Path, certs: Path | None = None
+    exp: Experiment, url: str, exp_dir: Path, certs: Path | None = None, resume: bool = False
 ) -> list[str]:
-    """``tensorwire fl server`` for ``exp``, writing results and progress into ``exp_dir``."""
+    """``tensorwire fl server`` for ``exp``, writing results and progress into ``exp_dir``;
+    ``resume``: going on from the last checkpoint there."""
     secured = ["--certs", str(certs)] if certs is not None else []
-    sequential = fanout_of(exp.protocol) == "sequential"
-    run = [sys.executable, "-c", _SEQUENTIAL_SERVER] if sequential else _python_tensorwire()
+    secured += ["--resume", str(exp_dir)] if resume else []
+    fanout = fanout_of(exp.protocol)
+    fanout_args = ["--fanout", fanout] if fanout != "concurrent" else []
     return [
-        *run,
+        *_python_tensorwire(),
         "fl",
         "server",
         "--url",
@@ -319,7 +368,9 @@ def server_command(
         "--join-timeout",
         str(JOIN_TIMEOUT),
         "--round-timeout",
-        str(ROUND_TIMEOUT),
+        str(round_deadline(exp)),
+        "--min-updates",
+        str(round_quorum(exp)),
         "--out",
         str(exp_dir),
         "--progress",
@@ -327,6 +378,7 @@ def server_command(
         "--progress-ack",
         str(ACK_TIMEOUT),
         *secured,
+        *fanout_args,
     ]
 
 
@@ -340,16 +392,16 @@ def device_command(url: str, device: int, certs: Path | None = None) -> list[str
 
 def experiment_limit(exp: Experiment) -> float:
     """Seconds after which an experiment is stopped as failed: join plus every round."""
-    return JOIN_TIMEOUT + exp.rounds * ROUND_TIMEOUT + 60.0
+    return JOIN_TIMEOUT + exp.rounds * round_deadline(exp) + 60.0
 
 
 class ProgressReader:
     """New events of a server's ``progress.jsonl`` (whole lines only), and its ``.ack``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, from_end: bool = False) -> None:
         self.path = path
         self.ack_path = path.with_name(path.name + ".ack")
-        self._offset = 0
+        self._offset = path.stat().st_size if from_end and path.is_file() else 0
         self._partial = b""
 
     def events(self) -> list[dict[str, Any]]:
@@ -397,11 +449,17 @@ def run_experiment(
     network_mbit: float = 250.0,
     on_round: Callable[[int], None] | None = None,
 ) -> None:
-    """Run ``exp`` on the open ``testbed`` into ``exp_dir`` (replaced), ending with ``done``.
-    :class:`ExperimentFailed` (with the log's end) if the server or a device fails."""
-    shutil.rmtree(exp_dir, ignore_errors=True)
+    """Run ``exp`` on the open ``testbed`` into ``exp_dir``, ending with ``done``: from its
+    server's last checkpoint where an interrupted run left one there, else from the start
+    (``exp_dir`` replaced). :class:`ExperimentFailed` (with the log's end) if the server or a
+    device fails."""
+    from tensorwire.fl.checkpoint import latest_checkpoint
+
+    resume = latest_checkpoint(exp_dir) is not None and not (exp_dir / DONE).exists()
+    if not resume:
+        shutil.rmtree(exp_dir, ignore_errors=True)
     logs = exp_dir / "logs"
-    logs.mkdir(parents=True)
+    logs.mkdir(parents=True, exist_ok=True)
     if testbed.shaped:
         if exp.topology != getattr(testbed, "topology", "star"):
             raise ExperimentFailed(f"{exp.key}: needs a {exp.topology} testbed")
@@ -410,17 +468,33 @@ def run_experiment(
     started = time.time()
     readings: list[dict[str, Any]] = []
     processes: list[subprocess.Popen[Any]] = []
+    devices: dict[int, subprocess.Popen[Any]] = {}
     stressor: Stressor | None = None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     certs = enrol(testbed, exp, exp_dir)
+    outcome: dict[str, Any] = {}
     with endpoints(testbed, exp, certs) as ends:
+
+        def start_device(i: int) -> None:
+            with open(logs / f"device-{i}.log", "ab") as log:
+                proc = testbed.popen(
+                    testbed.device_nodes[i - 1],
+                    device_command(ends.url_of(i), i, certs),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            devices[i] = proc
+            processes.append(proc)
+
+        injector = _injector(testbed, exp, ends, devices, start_device)
         try:
             readings += _counter_rows(testbed.counters(), "start", 0)
             stressor = _start_stress(testbed, exp, network_mbit)
-            with open(logs / "server.log", "wb") as log:
+            with open(logs / "server.log", "ab") as log:
                 server = testbed.popen(
                     "srv",
-                    server_command(exp, ends.server_url, exp_dir, certs),
+                    server_command(exp, ends.server_url, exp_dir, certs, resume),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -428,20 +502,16 @@ def run_experiment(
             processes.append(server)
             # Devices start with the server: each retries connecting until the hub is up,
             # so their torch import overlaps the server's.
-            for i, node in enumerate(testbed.device_nodes, start=1):
-                with open(logs / f"device-{i}.log", "wb") as log:
-                    processes.append(
-                        testbed.popen(
-                            node,
-                            device_command(ends.url_of(i), i, certs),
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            env=env,
-                        )
-                    )
-            finished = _watch(testbed, exp, exp_dir, server, processes[1:], on_round, readings)
+            for i in range(1, len(testbed.device_nodes) + 1):
+                start_device(i)
+            progress = ProgressReader(exp_dir / "progress.jsonl", from_end=resume)
+            finished = _watch(
+                testbed, exp, progress, server, devices, on_round, readings, injector, outcome
+            )
             readings += _counter_rows(testbed.counters(), "end", exp.rounds)
         finally:
+            if injector is not None:
+                injector.finish()
             if stressor is not None:
                 stressor.stop()
             # Once the server said done its results are written and the devices' records
@@ -456,32 +526,87 @@ def run_experiment(
         raise ExperimentFailed(f"{exp.key}: the server wrote no rounds.parquet")
     # TCP rows and link rows have different fields: a frame takes the union of them.
     pd.DataFrame(readings).to_parquet(exp_dir / "counters.parquet", index=False)
-    _write_manifest(testbed, exp, exp_dir, ends, started, stressor, network_mbit)
+    faults = {
+        "scenario": exp.faults,
+        "events": [e.describe() for e in injector.events] if injector else [],
+        "log": injector.log if injector else [],
+        "deadline_s": round_deadline(exp),
+        "quorum": round_quorum(exp),
+        "stopped": outcome.get("stopped"),
+    }
+    _write_manifest(testbed, exp, exp_dir, ends, started, stressor, network_mbit, faults)
     (exp_dir / DONE).write_text(json.dumps({"seconds": time.time() - started}) + "\n")
+
+
+def _signal(proc: subprocess.Popen[Any], sig: int) -> None:
+    """``sig`` to ``proc``'s session (a device and anything it started), or to it alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            proc.send_signal(sig)
+
+
+def _injector(
+    testbed: BaseTestbed,
+    exp: Experiment,
+    ends: Endpoints,
+    devices: dict[int, subprocess.Popen[Any]],
+    start_device: Callable[[int], None],
+) -> FaultInjector | None:
+    """The fault injector of ``exp``'s scenario acting on this run, or None without faults."""
+    events = parse_scenario(exp.faults, exp.clients, exp.rounds)
+    if not events:
+        return None
+
+    def restart_broker(down_s: float) -> None:
+        if ends.broker_server is None:
+            raise ExperimentFailed(f"{exp.key}: no broker to restart")
+        ends.broker_server.restart(down_s=down_s)
+
+    actions = FaultActions(
+        kill=lambda i: _signal(devices[i], signal.SIGKILL),
+        stop=lambda i: _signal(devices[i], signal.SIGSTOP),
+        resume=lambda i: _signal(devices[i], signal.SIGCONT),
+        restart=start_device,
+        link=testbed.set_link_state,
+        restart_broker=restart_broker,
+    )
+    return FaultInjector(events, actions)
 
 
 def _watch(
     testbed: BaseTestbed,
     exp: Experiment,
-    exp_dir: Path,
+    progress: ProgressReader,
     server: subprocess.Popen[Any],
-    devices: list[subprocess.Popen[Any]],
+    devices: dict[int, subprocess.Popen[Any]],
     on_round: Callable[[int], None] | None,
     readings: list[dict[str, Any]],
+    injector: FaultInjector | None = None,
+    outcome: dict[str, Any] | None = None,
 ) -> bool:
-    """Follow the server until it says done (True) or ends without (False), appending the
-    counters at each round boundary to ``readings`` before acknowledging the round."""
-    progress = ProgressReader(exp_dir / "progress.jsonl")
+    """Follow the server until it says done (True), or that it stopped for want of a quorum
+    (True, the reason in ``outcome["stopped"]``), or ends without (False), appending the
+    counters at each round boundary to ``readings`` before acknowledging the round. The
+    ``injector``'s faults happen as rounds start; a device it killed is not a failure."""
+    exp_dir = progress.path.parent
     limit = time.monotonic() + experiment_limit(exp)
     device_failed_at: float | None = None
+    outcome = outcome if outcome is not None else {}
 
     def handle(events: list[dict[str, Any]]) -> bool:
         for event in events:
             if event.get("event") == "round":
                 readings.extend(_counter_rows(testbed.counters(), "round", event["round"]))
                 progress.ack(event["round"])
+                if injector is not None and event["round"] < exp.rounds:
+                    injector.round_started(event["round"] + 1)
                 if on_round:
                     on_round(event["round"])
+            elif event.get("event") == "stopped":
+                outcome["stopped"] = event.get("reason", "stopped")
+                return True
             elif event.get("event") == "done":
                 return True
         return False
@@ -490,19 +615,24 @@ def _watch(
     while server.poll() is None:
         if handle(progress.events()):
             return True
+        if injector is not None:
+            injector.tick()
         now = time.monotonic()
         if now > limit:
             raise ExperimentFailed(
                 f"{exp.key}: not done within {experiment_limit(exp):.0f} s; the server's log "
                 f"ends:\n{_tail(exp_dir / 'logs' / 'server.log')}"
             )
-        failed = [i for i, d in enumerate(devices, start=1) if d.poll() not in (None, 0)]
+        killed = injector.killed if injector is not None else set()
+        failed = [
+            i for i, d in sorted(devices.items()) if i not in killed and d.poll() not in (None, 0)
+        ]
         if failed and device_failed_at is None:
             device_failed_at = now
         if device_failed_at is not None and now - device_failed_at > DEVICE_EXIT_GRACE:
             log = exp_dir / "logs" / f"device-{failed[0]}.log"
             raise ExperimentFailed(
-                f"{exp.key}: device {failed[0]} exited with {devices[failed[0] - 1].returncode};"
+                f"{exp.key}: device {failed[0]} exited with {devices[failed[0]].returncode};"
                 f" its log ends:\n{_tail(log)}"
             )
         time.sleep(POLL)
@@ -517,6 +647,7 @@ def _write_manifest(
     started: float,
     stressor: Stressor | None,
     network_mbit: float,
+    faults: dict[str, Any] | None = None,
 ) -> None:
     """The server's manifest (config, versions, host, commit) plus the experiment's setting."""
     path = exp_dir / "manifest.json"
@@ -550,6 +681,7 @@ def _write_manifest(
             "network_mbit": network_mbit if exp.stress == "network" else None,
         },
         stress_results=stressor.results() if stressor is not None else None,
+        faults=faults,
         started=started,
         seconds=time.time() - started,
     )

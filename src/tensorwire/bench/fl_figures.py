@@ -34,9 +34,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 
 from tensorwire.bench.fl_matrix import protocol_schemes
+from tensorwire.fl.config import payload_bytes
+from tensorwire.testbed.profile import as_profile
 
 DPI = 300
 PANEL_WIDTH, PANEL_HEIGHT = 4.6, 3.3  # inches per panel
@@ -557,8 +559,20 @@ def loss_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile 
     )
 
 
+def is_payload(model: Any) -> bool:
+    """Whether ``model`` names synthetic updates (``payload:10MB``), which learn nothing."""
+    try:
+        return payload_bytes(str(model)) is not None
+    except ValueError:
+        return False
+
+
 def accuracy_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
-    """Test accuracy after each round, a line per protocol (and codec)."""
+    """Test accuracy after each round, a line per protocol (and codec); payloads, which
+    learn nothing, left out."""
+    frame = frame[~frame["model"].map(is_payload)]
+    if frame.empty:
+        return None
     rows = base_rows(frame, {"codec", "model"})
     if rows.empty:
         return None
@@ -799,6 +813,260 @@ def codec_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile
     )
 
 
+def payload_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
+    """Communication time against the update's size (``--payload``), a column per profile
+    (and loss): on top log-log, a line per protocol and the lower bound dashed; below, the
+    same over the bound, where gaps of a few percent show."""
+    rows = frame[frame["model"].map(is_payload)]
+    if rows["model"].nunique() < 2:
+        return None
+    rows = base_rows(rows, {"model", "profile", "loss"})
+    rows = rows.assign(
+        payload_mb=rows["model"].map(lambda m: (payload_bytes(str(m)) or 0) / 1e6),
+        over_bound=rows["comm_s"] / rows["lower_bound_s"],
+    )
+    combos = sorted(_combos(rows, ["profile", "loss"]), key=lambda c: (_rate_of(c[0]), c[1]))
+    scale, unit = time_unit(rows["comm_s"], rows["lower_bound_s"])
+    fig, grid = plt.subplots(
+        2,
+        len(combos),
+        figsize=(PANEL_WIDTH * len(combos), PANEL_HEIGHT * 1.7),
+        squeeze=False,
+        sharex="col",
+        gridspec_kw={"height_ratios": [1.6, 1]},
+    )
+    for (top, below), combo in zip(grid.T, combos, strict=True):
+        part = _where(rows, ["profile", "loss"], combo)
+        sizes = sorted(set(part["payload_mb"]))
+        names = registry_order(_order(part["series"]))
+        for rank, name in enumerate(names):
+            mine = part[part["series"] == name]
+            time = mean_ci(mine, ["payload_mb"], "comm_s").sort_values("payload_mb")
+            ratio = mean_ci(mine, ["payload_mb"], "over_bound").sort_values("payload_mb")
+            for ax, stats, value, factor in (
+                (top, time, "comm_s", scale),
+                (below, ratio, "over_bound", 1.0),
+            ):
+                _plot_line(
+                    ax,
+                    stats["payload_mb"].to_numpy(),
+                    stats[value].to_numpy() * factor,
+                    styles[name],
+                    rank,
+                    len(names),
+                    str(name),
+                    stats[f"{value}_ci"].to_numpy() * factor,
+                )
+        bound = part.groupby("payload_mb")["lower_bound_s"].mean().sort_index()
+        top.plot(bound.index, bound * scale, "--", color="black", linewidth=1)
+        below.axhline(1.0, linestyle="--", color="black", linewidth=1)
+        profile, loss = combo
+        top.set_title(f"{profile}" + (f", loss {loss * 100:g}%" if loss else ""))
+        top.set_yscale("log")
+        _plain_log_labels(top.yaxis)
+        below.set_xscale("log")
+        _plain_log_labels(below.xaxis)
+        below.set_xticks(sizes)
+        below.set_xlabel("update size (MB, each way, per device)")
+        top.set_ylabel(f"comm. time per round ({unit})")
+        below.set_ylabel("over the bound")
+        low = min(1.0, float(np.nanmin(part["over_bound"])))
+        below.set_ylim(low - 0.02, max(float(np.nanmax(part["over_bound"])) * 1.03, 1.1))
+        for ax in (top, below):
+            ax.grid(True, which="both", alpha=0.3)
+    handles, labels = grid[0][0].get_legend_handles_labels()
+    dashed = Line2D([], [], color="black", linestyle="--", linewidth=1)
+    _legend(fig, list(grid.flat), [*handles, dashed], [*labels, BOUND_LABEL])
+    return _save(
+        fig,
+        out_dir,
+        "comm_time_payload",
+        "Communication time against update size",
+        f"Mean per round of {COMM_SUM}, with synthetic updates of each size and no training "
+        "(--payload). Top: the time, both axes logarithmic, dashed: the lower bound. Below: "
+        "the time over the bound (1, dashed), on an axis that starts near the data: where a "
+        "protocol rises above the others, its chunking, a broker's limits or per-message "
+        "costs start to matter. " + reps_note(rows),
+    )
+
+
+def registry_order(names: list) -> list:
+    """Series in the registry's order of their protocols (``run: tcp`` counts as tcp), the
+    unregistered after them, so legends list protocols the same way whatever ran first."""
+    rank = {p: i for i, p in enumerate(_KNOWN)}
+    return sorted(names, key=lambda n: rank.get(str(n).rsplit(": ", 1)[-1], len(rank)))
+
+
+def _rate_of(profile: Any) -> float:
+    """A profile's rate in bits/s, to put the slowest first (unshaped or unknown: last)."""
+    try:
+        rate = as_profile(str(profile)).rate
+    except ValueError:
+        return float("inf")
+    return float(rate) if rate is not None else float("inf")
+
+
+def _plain_log_labels(axis: Any) -> None:
+    """A log axis labelled in plain numbers (``20``, not ``2 x 10^1``): every decade, and
+    2 and 5 between them."""
+
+    def label(value: float, _: Any) -> str:
+        if value <= 0:
+            return ""
+        lead = round(value / 10 ** np.floor(np.log10(value) + 1e-9), 6)
+        return f"{value:g}" if lead in (1.0, 2.0, 5.0) else ""
+
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_formatter(FuncFormatter(label))
+
+
+def ratio_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
+    """Communication time over its lower bound per condition, a marker per protocol with its
+    95 % CI, on an axis that starts near the data (not at zero), the bound at 1."""
+    from tensorwire.bench.fl_ranking import experiment_table
+
+    each = experiment_table(frame)
+    if each.empty or each["ratio"].isna().all() or each["series"].nunique() < 2:
+        return None  # one protocol alone: nothing to compare (an experiment's own report)
+    each = each[each["ratio"].notna()]
+    conditions, names = _order(each["condition"]), registry_order(_order(each["series"]))
+    stats = mean_ci(each, ["condition", "series"], "ratio")
+    width = max(PANEL_WIDTH * 1.4, 0.22 * len(conditions) * len(names) + 1.5)
+    fig, ax = plt.subplots(figsize=(width, PANEL_HEIGHT + 0.4))
+    spread = 0.7 / max(len(names), 1)
+    for j, name in enumerate(names):
+        mine = stats[stats["series"] == name].set_index("condition").reindex(conditions)
+        x = np.arange(len(conditions)) - 0.35 + spread * (j + 0.5)
+        style = styles[name]
+        ax.plot(
+            x,
+            mine["ratio"],
+            linestyle="none",
+            marker=style.marker,
+            color=style.color,
+            markerfacecolor="none" if style.hollow else style.color,
+            markersize=7,
+            label=str(name),
+        )
+        err = mine["ratio_ci"].to_numpy()
+        if np.isfinite(err).any():
+            ok = np.isfinite(err)
+            ax.errorbar(
+                x[ok],
+                mine["ratio"].to_numpy()[ok],
+                yerr=err[ok],
+                fmt="none",
+                ecolor=style.color,
+                capsize=3,
+                elinewidth=1,
+            )
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    low = max(np.nanmin(stats["ratio"] - stats["ratio_ci"].fillna(0.0)), 0.0)
+    high = np.nanmax(stats["ratio"] + stats["ratio_ci"].fillna(0.0))
+    if stats["ratio"].max() / min(stats["ratio"].min(), 1.0) > 5:  # heavy loss: many-fold
+        ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
+    else:
+        pad = 0.06 * (high - min(low, 1.0)) or 0.02
+        ax.set_ylim(max(min(low, 1.0) - pad, 0.0), high + pad)
+    ax.set_xticks(np.arange(len(conditions)), [str(c).replace(", ", "\n") for c in conditions])
+    if len(conditions) > 4:
+        ax.tick_params(axis="x", labelsize=8)
+    for k in range(1, len(conditions)):
+        ax.axvline(k - 0.5, color="#dddddd", linewidth=0.8)
+    ax.set_xlim(-0.5, len(conditions) - 0.5)
+    ax.set_ylabel("communication time / lower bound")
+    ax.grid(True, axis="y", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    dashed = Line2D([], [], color="black", linestyle="--", linewidth=1)
+    _legend(fig, [ax], [*handles, dashed], [*labels, "the lower bound (1)"])
+    rows = frame[frame["key"].isin(each["key"])] if "key" in frame else frame
+    return _save(
+        fig,
+        out_dir,
+        "comm_over_bound",
+        "Communication time over its lower bound, per condition",
+        "Each experiment's communication time summed over its rounds over its lower bound "
+        "(message bytes / link rate), mean over repetitions; 1 is the bound. The axis "
+        "starts near the data, not at zero, so that gaps of a few percent show. " + reps_note(rows),
+    )
+
+
+def device_figure(devices: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
+    """Per-device links: each device's communication time per protocol (left), and when the
+    round ended with every update against without the slowest device's (right)."""
+    if devices.empty or "links" not in devices:
+        return None
+    devices = devices[devices["links"] != "uniform"]
+    if devices.empty:
+        return None
+    devices = devices.assign(who=devices["device"] + "\n" + devices["link"].astype(str))
+    dims = ["topology", "links", *[d for d in ("model", "loss") if d in devices]]
+    combos = _combos(devices, dims)
+    scale, unit = time_unit(devices["comm_s"], devices.get("finished_s", devices["comm_s"]))
+    names = registry_order(_order(devices["series"]))
+    width = max(PANEL_WIDTH, 0.3 * len(names) * devices["device"].nunique())
+    fig, grid = plt.subplots(
+        len(combos), 2, figsize=(2 * width, PANEL_HEIGHT * len(combos)), squeeze=False
+    )
+    for (left, right), combo in zip(grid, combos, strict=True):
+        part = _where(devices, dims, combo)
+        grouped_bars(left, part, "who", "series", "comm_s", _by_series(styles), scale=scale)
+        left.set_ylabel(f"communication per round ({unit})")
+        named = dict(zip(dims, combo, strict=True))
+        where = [
+            *([str(named["topology"])] if named["topology"] != "star" else []),
+            str(named["links"]),
+            *([str(named["model"])] if "model" in named and devices["model"].nunique() > 1 else []),
+            *([f"loss {named['loss'] * 100:g}%"] if named.get("loss") else []),
+        ]
+        left.set_title(f"each device ({', '.join(where)})")
+        ends = _round_ends(part)
+        grouped_bars(
+            right,
+            ends,
+            "series",
+            "case",
+            "end_s",
+            lambda series, case: _bar_kwargs(styles[series], second=case != "every device"),
+            scale=scale,
+        )
+        right.set_ylabel(f"last update in, after round start ({unit})")
+        right.set_title("the round's end")
+        _rotate_long_ticks(right)
+    grey = Style("#666666", "o", "-")
+    handles = [*_series_handles(names, styles), Patch(**_patch(grey)), Patch(**_patch(grey, True))]
+    labels = [*map(str, names), "every device", "without the slowest device"]
+    _legend(fig, list(grid.flat), handles, labels)
+    return _save(
+        fig,
+        out_dir,
+        "device_times",
+        "Per-device links: each device's time, and what the slowest one costs",
+        "Left: each device's downlink and uplink time per round (its link under its name), "
+        "per protocol. Right: when the server had the round's last update, after the round's "
+        "first model byte went out (training included), with every device (solid) and without "
+        "the device that spent longest communicating (hatched): what a deadline or quorum "
+        "that went on without it would have saved. " + reps_note(devices),
+    )
+
+
+def _round_ends(part: pd.DataFrame) -> pd.DataFrame:
+    """Per experiment and round: the last update's arrival with every device and without
+    the series' slowest communicator (``case``, ``end_s``), for :func:`grouped_bars`."""
+    if "finished_s" not in part or part["finished_s"].isna().all():
+        return pd.DataFrame(columns=["series", "case", "end_s", "key", "rep"])
+    rows = []
+    for series, mine in part.groupby("series", sort=False):
+        slowest = mine.groupby("device")["comm_s"].mean().idxmax()
+        for (key, round_), one in mine.groupby(["key", "round"], sort=False):
+            rest = one[one["device"] != slowest]["finished_s"]
+            base = {"series": series, "key": key, "round": round_, "rep": one["rep"].iloc[0]}
+            rows.append({**base, "case": "every device", "end_s": one["finished_s"].max()})
+            rows.append({**base, "case": "without the slowest", "end_s": rest.max()})
+    return pd.DataFrame(rows)
+
+
 FIGURES: list[Callable[[pd.DataFrame, Path, dict], FigureFile | None]] = [
     comm_time_figure,
     functools.partial(stress_figure, kind="cpu"),
@@ -809,12 +1077,22 @@ FIGURES: list[Callable[[pd.DataFrame, Path, dict], FigureFile | None]] = [
     retransmissions_figure,
     breakdown_figure,
     codec_figure,
+    payload_figure,
+    ratio_figure,
 ]
 
 
-def draw_figures(frame: pd.DataFrame, out_dir: Path) -> list[FigureFile]:
-    """Every figure the data of ``frame`` (with a ``series`` column) allows, into ``out_dir``."""
+def draw_figures(
+    frame: pd.DataFrame, out_dir: Path, devices: pd.DataFrame | None = None
+) -> list[FigureFile]:
+    """Every figure the data of ``frame`` (with a ``series`` column) allows, into ``out_dir``;
+    with ``devices`` (per-device rows with ``series``), the per-device figure too."""
     if frame.empty:
         return []
     styles = series_styles(frame)
-    return [f for draw in FIGURES if (f := draw(frame, out_dir, styles)) is not None]
+    figures = [f for draw in FIGURES if (f := draw(frame, out_dir, styles)) is not None]
+    if devices is not None and not devices.empty:
+        styles |= {s: styles.get(s) or protocol_style(str(s)) for s in set(devices["series"])}
+        if (fig := device_figure(devices, out_dir, styles)) is not None:
+            figures.append(fig)
+    return figures

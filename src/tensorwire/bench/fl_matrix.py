@@ -117,8 +117,12 @@ class Experiment:
     security: str = "none"  # "tls": enrolled devices, encrypted (tensorwire certs per run)
     topology: str = "star"
     links: tuple[str, ...] = ()
+    faults: str = "none"  # a scenario of tensorwire.bench.fl_faults, e.g. kill@2-4+hang@3
+    deadline: float | None = None  # a round's deadline, s (None: fault_deadline with faults)
+    quorum: int | None = None  # updates a round needs (None: all with no faults, else half)
 
     def __post_init__(self) -> None:
+        from tensorwire.bench.fl_faults import parse_scenario
         from tensorwire.fl.config import FLConfig  # tensorwire.fl imports torch
 
         if self.protocol not in (schemes := protocol_schemes()):
@@ -138,6 +142,12 @@ class Experiment:
             raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
         if self.security not in SECURITIES:
             raise ValueError(f"security {self.security!r}: choose among {', '.join(SECURITIES)}")
+        object.__setattr__(self, "faults", self.faults.strip().lower() or "none")
+        parse_scenario(self.faults, self.clients, self.rounds)  # FaultSpecError: a ValueError
+        if self.quorum is not None and not 1 <= self.quorum <= self.clients:
+            raise ValueError(f"quorum {self.quorum}: between 1 and the {self.clients} devices")
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"deadline {self.deadline}: a positive number of seconds")
         # the run's own settings are checked where the run checks them
         FLConfig(
             dataset=self.dataset,
@@ -165,7 +175,7 @@ class Experiment:
         uplink = self.uplink + (f"{self.ratio:g}" if self.uplink in RATIO_CODECS else "")
         parts = [
             self.protocol,
-            self.model,
+            _slug(self.model),  # payload:10MB -> payload-10mb
             _slug(self.profile),
             f"loss{self.loss:g}",
             f"stress-{self.stress}",
@@ -175,6 +185,9 @@ class Experiment:
             *([f"sec-{self.security}"] if self.security != "none" else []),
             *([f"topo-{self.topology}"] if self.topology != "star" else []),
             *([f"links-{_slug('-'.join(self.links))}"] if self.links else []),
+            *([f"faults-{_slug(self.faults)}"] if self.faults != "none" else []),
+            *([f"q{self.quorum}"] if self.quorum is not None else []),
+            *([f"deadline{self.deadline:g}"] if self.deadline is not None else []),
             self.dataset,
             f"{self.clients}dev",
             f"{self.rounds}rounds",
@@ -231,6 +244,9 @@ class Matrix:
     network_mbit: float = 250.0  # load the network stressor offers per device, Mbit/s
     topologies: tuple[str, ...] = ("star",)
     links: tuple[tuple[str, ...], ...] = ((),)  # per-device link sets; () is uniform
+    faults: tuple[str, ...] = ("none",)  # fault scenarios (tensorwire.bench.fl_faults)
+    deadline: float | None = None  # every round's deadline, s (None: see Experiment)
+    quorum: int | None = None  # updates a round needs (None: see Experiment)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "links", tuple(parse_links(each) for each in self.links))
@@ -247,6 +263,7 @@ class Matrix:
             "securities",
             "topologies",
             "links",
+            "faults",
         ):
             if not getattr(self, name):
                 raise ValueError(f"the matrix needs at least one of {name}")
@@ -265,7 +282,7 @@ class Matrix:
             range(self.reps), self.topologies, self.links, self.profiles, self.losses
         )
         inner = itertools.product(
-            self.stresses, self.uplinks, self.downlinks, self.securities, self.models
+            self.stresses, self.uplinks, self.downlinks, self.securities, self.models, self.faults
         )
         experiments = [
             Experiment(
@@ -285,6 +302,9 @@ class Matrix:
                 security=security,
                 topology=topology,
                 links=links,
+                faults=faults,
+                deadline=self.deadline,
+                quorum=self.quorum,
             )
             for (rep, topology, links, profile, loss), (
                 stress,
@@ -292,6 +312,7 @@ class Matrix:
                 downlink,
                 security,
                 model,
+                faults,
             ) in itertools.product(outer, list(inner))
             for protocol in self.protocols
         ]

@@ -200,8 +200,9 @@ def device_frame(exp_dir: Path) -> pd.DataFrame:
     """One row per device and round of the done experiment in ``exp_dir``: its link
     (``link``, ``rate_bps``: its way's slowest rate), ``down_s`` (its downlink wall time as
     the device saw it, from the server's first encoded byte: a sequential fan-out's wait
-    included), ``up_s`` (its update's), ``comm_s`` (both) and the settings that tell
-    experiments apart."""
+    included), ``up_s`` (its update's), ``comm_s`` (both), ``finished_s`` (when the server
+    had its update: seconds after the round's first model byte went out; training and any
+    wait included) and the settings that tell experiments apart."""
     doc = json.loads((exp_dir / "manifest.json").read_text())
     exp = doc["experiment"]
     transfers = _read(exp_dir / "transfers.parquet")
@@ -221,6 +222,7 @@ def device_frame(exp_dir: Path) -> pd.DataFrame:
         }
     ).reset_index()
     frame["comm_s"] = frame["down_s"].fillna(0.0) + frame["up_s"].fillna(0.0)
+    frame["finished_s"] = _finished(transfers, frame)
     links = list(exp.get("links") or ())
     rates = doc.get("device_rate_bps") or {}
 
@@ -249,6 +251,24 @@ def device_frame(exp_dir: Path) -> pd.DataFrame:
     for name, value in reversed(settings.items()):
         frame.insert(0, name, value)
     return frame
+
+
+def _finished(transfers: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """Per row of ``frame`` (round, device): when the server had the device's update, in
+    seconds after the round's first downlink send started (the server's clock for both)."""
+    if "started_at" not in transfers:
+        return pd.Series(np.nan, index=frame.index)
+    server = transfers[transfers["side"] == "server"]
+    sends = server[(server["role"] == "send") & (server["direction"] == "downlink")]
+    start = sends.groupby("round")["started_at"].min()
+    got = server[(server["role"] == "recv") & (server["direction"] == "uplink")]
+    end = (got["started_at"] + got["wall_s"]).groupby([got["round"], got["device"]]).max()
+    keys = pd.MultiIndex.from_frame(frame[["round", "device"]])
+    return pd.Series(
+        end.reindex(keys).to_numpy() - start.reindex(frame["round"]).to_numpy(),
+        index=frame.index,
+        dtype=float,
+    )
 
 
 def collect_devices(run_dir: Path) -> pd.DataFrame:

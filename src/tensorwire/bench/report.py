@@ -18,10 +18,20 @@ from typing import Any
 import pandas as pd
 
 from tensorwire.bench.fl_figures import FigureFile, draw_figures
-from tensorwire.bench.fl_results import DIMENSIONS, TABLE, collect, experiment_frame, summarize
+from tensorwire.bench.fl_matrix import MIXED
+from tensorwire.bench.fl_results import (
+    DIMENSIONS,
+    TABLE,
+    collect,
+    collect_devices,
+    device_frame,
+    experiment_frame,
+    summarize,
+)
 from tensorwire.testbed.profile import as_profile
 
 REPORT = "report.html"
+SUMMARY = "summary.html"  # the ranking, the verdicts and the figure of comm / bound alone
 FIGURES_DIR = "figures"
 # Columns of the key-numbers table, with headers, after the settings that vary.
 KEY_NUMBERS = {
@@ -101,7 +111,7 @@ def _label_html(manifests: dict[str, dict[str, Any]], frame: pd.DataFrame) -> st
         for profile in dict.fromkeys(mine["profile"]) if not mine.empty else []:
             losses = sorted(set(mine.loc[mine["profile"] == profile, "loss"]))
             loss = ", ".join(f"{x * 100:g}%" for x in losses)
-            profiles.append(f"{html.escape(as_profile(profile).describe())} (loss {loss})")
+            profiles.append(f"{html.escape(_describe(profile, mine))} (loss {loss})")
         caps = doc.get("capabilities", {})
         how = "loss by netem" if caps.get("netem", {}).get("available") else "loss by nftables"
         parts.append(
@@ -109,6 +119,15 @@ def _label_html(manifests: dict[str, dict[str, Any]], frame: pd.DataFrame) -> st
             f" both directions; profiles: {'; '.join(profiles) or 'none'}.</p>"
         )
     return "\n".join(parts)
+
+
+def _describe(profile: str, frame: pd.DataFrame) -> str:
+    """A profile in words; a star whose devices have links of their own (``mixed``) by its
+    devices' links: ``each device its own link: 3g,4g,4g,wifi``."""
+    if profile == MIXED:
+        links = dict.fromkeys(frame.loc[frame["profile"] == profile, "links"].astype(str))
+        return f"each device its own link: {'; '.join(links)}"
+    return as_profile(profile).describe()
 
 
 def _table_html(table: pd.DataFrame, headers: dict[str, str]) -> str:
@@ -187,6 +206,8 @@ def render(
 ) -> str:
     """The report page for ``manifests`` (run name -> manifest) and their table; the
     topology / fan-out / mixed-link section from ``run_dirs`` when they have one."""
+    from tensorwire.bench.fault_report import section_html as faults_html
+    from tensorwire.bench.fl_ranking import section_html as ranking_html
     from tensorwire.bench.topology_report import section_html
 
     dims = (["run"] if len(manifests) > 1 else []) + DIMENSIONS
@@ -212,10 +233,12 @@ the sum over devices of each round's downlink and uplink transfer times (first b
 last tensor decoded); its lower bound is each transfer's message bytes over its link's rate,
 summed the same way. Written {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {_label_html(manifests, frame)}
+{ranking_html(frame) if not frame.empty else ""}
 <h2>Key numbers</h2>
 <p>Means per round over rounds and repetitions; final accuracy after the last round.</p>
 {_table_html(table, headers) if not table.empty else "<p>No experiment has completed.</p>"}
 {section_html(run_dirs)}
+{faults_html(run_dirs)}
 <h2>Figures</h2>
 {"".join(_figure_html(f, out) for f in figures) or "<p>No figures: no data.</p>"}
 {_problems_html(manifests)}
@@ -223,6 +246,48 @@ summed the same way. Written {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {_runs_html(manifests)}
 <h3>Settings</h3>
 {settings}
+</body></html>
+"""
+
+
+def _devices(run_dirs: list[Path], several: bool) -> pd.DataFrame:
+    """The per-device rows of every run (of an experiment directory, its own), with the
+    ``series`` the figures draw them as."""
+    frames = []
+    for name, run_dir in zip(_run_names(run_dirs), run_dirs, strict=True):
+        if (run_dir / "experiments").is_dir():
+            mine = collect_devices(run_dir)
+        elif (run_dir / "transfers.parquet").is_file() and (run_dir / "done").is_file():
+            mine = device_frame(run_dir)
+        else:
+            continue
+        if not mine.empty:
+            protocol = mine["protocol"].astype(str)
+            frames.append(
+                mine.assign(run=name, series=f"{name}: " + protocol if several else protocol)
+            )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def render_summary(
+    manifests: dict[str, dict[str, Any]], frame: pd.DataFrame, figures: list[FigureFile], out: Path
+) -> str:
+    """``summary.html``: for people who compare, the protocols ranked per condition with
+    confidence intervals, the verdicts, and the figures of communication over its bound and
+    against the update's size."""
+    from tensorwire.bench.fl_ranking import section_html as ranking_html
+
+    shown = [f for f in figures if f.name in ("comm_over_bound", "comm_time_payload")]
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tensorwire bench fl — summary</title>
+<style>{_CSS}</style></head><body>
+<h1>tensorwire bench fl — summary</h1>
+<p>Which protocol is fastest where: communication time per round (the sum over devices of
+each round's downlink and uplink transfer times), ranked per condition. The whole report,
+with every figure and table, is <a href="{REPORT}">{REPORT}</a>.</p>
+{_label_html(manifests, frame) if not frame.empty else ""}
+{ranking_html(frame) if not frame.empty else "<p>No experiment has completed.</p>"}
+{"".join(_figure_html(f, out) for f in shown)}
 </body></html>
 """
 
@@ -253,14 +318,16 @@ def build_report(run_dirs: list[Path], out_dir: Path | None = None) -> Path:
         if not frame.empty:
             frames.append(frame.assign(run=name))
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    devices = _devices(run_dirs, len(run_dirs) > 1)
     if not frame.empty:
         several = len(run_dirs) > 1
         series = frame["protocol"].astype(str)
         frame["series"] = frame["run"] + ": " + series if several else series
     out.mkdir(parents=True, exist_ok=True)
-    figures = draw_figures(frame, out / FIGURES_DIR)
+    figures = draw_figures(frame, out / FIGURES_DIR, devices)
     path = out / REPORT
     path.write_text(render(manifests, frame, figures, out, run_dirs))
+    (out / SUMMARY).write_text(render_summary(manifests, frame, figures, out))
     if len(run_dirs) > 1 and not frame.empty:
         frame.to_parquet(out / TABLE, index=False)
     return path

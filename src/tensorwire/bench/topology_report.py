@@ -11,8 +11,9 @@ that say what they show:
   sends it across once);
 - :func:`fanout_table`: sequential unicast (FedComm's TCP server) against the concurrent
   broadcast, per topology;
-- :func:`mixed_links_table`: per protocol and set of per-device links, each device's time and
-  what the slowest link costs (its time over the median device's).
+- :func:`mixed_links_table`: per protocol and set of per-device links, each device's time,
+  what the slowest link costs (its time over the median device's), and what a deadline that
+  dropped it would have bought (when the round would have ended without its update).
 
 :func:`section_html` puts them in one HTML fragment for ``report.html``.
 """
@@ -102,36 +103,60 @@ def fanout_table(table: pd.DataFrame) -> pd.DataFrame:
 def mixed_links_table(devices: pd.DataFrame) -> pd.DataFrame:
     """One row per topology, protocol and set of links (means per round): the slowest
     device's and the median device's communication time, what the slowest costs
-    (``straggler_x``: slowest over median; ``straggler_s``: the difference) and each device's
-    mean time in ``per_device`` (``device-1 (3g) 12.1 s, ...``)."""
+    (``straggler_x``: slowest over median; ``straggler_s``: the difference), each device's
+    mean time in ``per_device`` (``device-1 (3g) 12.1 s, ...``), and from when the server had
+    each update: ``round_s`` (the last update's arrival after the round's first send) and
+    ``without_slowest_s`` (the last but the slowest device's: when a deadline or a quorum
+    that did without that device could have ended the round; ``drop_saves_s`` the
+    difference)."""
     if devices.empty:
         return pd.DataFrame()
     rows = []
-    for (topology, protocol, links), group in devices.groupby(
-        ["topology", "protocol", "links"], sort=False
-    ):
+    by = ["topology", "protocol", "links", *[c for c in ("model", "loss") if c in devices]]
+    for keys, group in devices.groupby(by, sort=False):
+        topology, protocol, links, *rest = keys
+        setting = dict(zip(by[3:], rest, strict=True))
         each = group.groupby(["device", "link"], sort=True)["comm_s"].mean()
         slowest = float(each.max())
         median = float(each.median())
         # each is indexed by (device, link) pairs, which pandas' stubs type as Hashable
         slowest_device, slowest_link = cast(tuple[str, str], each.idxmax())
+        ends = _round_ends(group, slowest_device)
         rows.append(
             {
                 "topology": topology,
                 "protocol": protocol,
                 "links": links,
+                **setting,
                 "slowest_device": slowest_device,
                 "slowest_link": slowest_link,
                 "slowest_s": slowest,
                 "median_s": median,
                 "straggler_s": slowest - median,
                 "straggler_x": slowest / median if median > 0 else np.nan,
+                **ends,
                 "per_device": ", ".join(
                     f"{d} ({lk}) {s:.2f} s" for (d, lk), s in zip(each.index, each, strict=True)
                 ),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _round_ends(group: pd.DataFrame, slowest: str) -> dict[str, float]:
+    """Means over an experiment set's rounds of when the last update arrived (``round_s``),
+    when the last but ``slowest``'s did (``without_slowest_s``), and their difference."""
+    if "finished_s" not in group or group["finished_s"].isna().all():
+        return {"round_s": np.nan, "without_slowest_s": np.nan, "drop_saves_s": np.nan}
+    per = group.groupby(["key", "round"])
+    last = per["finished_s"].max()
+    rest = group[group["device"] != slowest].groupby(["key", "round"])["finished_s"].max()
+    with_all, without = float(last.mean()), float(rest.reindex(last.index).mean())
+    return {
+        "round_s": with_all,
+        "without_slowest_s": without,
+        "drop_saves_s": with_all - without,
+    }
 
 
 def verdicts(table: pd.DataFrame, fanout: pd.DataFrame, mixed: pd.DataFrame) -> list[str]:
@@ -165,10 +190,19 @@ def verdicts(table: pd.DataFrame, fanout: pd.DataFrame, mixed: pd.DataFrame) -> 
         if row.links == "uniform":
             continue
         said.append(
-            f"{row.topology}, links {row.links}: with {row.protocol} the slowest device "
+            f"{row.topology}, links {row.links}"
+            + (f", {row.model}" if "model" in mixed and mixed["model"].nunique() > 1 else "")
+            + f": with {row.protocol} the slowest device "
             f"({row.slowest_device} on {row.slowest_link}) spends {row.slowest_s:.2f} s per "
             f"round communicating, {row.straggler_x:.2f}x the median device's "
-            f"{row.median_s:.2f} s (+{row.straggler_s:.2f} s)."
+            f"{row.median_s:.2f} s (+{row.straggler_s:.2f} s)"
+            + (
+                f"; the round took {row.round_s:.2f} s, and a deadline or quorum that did "
+                f"without it could have ended it at {row.without_slowest_s:.2f} s "
+                f"({row.drop_saves_s:.2f} s sooner)."
+                if np.isfinite(row.round_s) and np.isfinite(row.without_slowest_s)
+                else "."
+            )
         )
     return said
 
@@ -256,12 +290,15 @@ def section_html(run_dirs: Sequence[Path]) -> str:
                 {
                     "topology": "topology",
                     "links": "links",
+                    "model": "model",
                     "protocol": "protocol",
                     "slowest_device": "slowest",
                     "slowest_link": "its link",
                     "slowest_s": "slowest s",
                     "median_s": "median s",
                     "straggler_x": "slowest / median",
+                    "round_s": "round s",
+                    "without_slowest_s": "without it s",
                     "per_device": "each device",
                 },
             )

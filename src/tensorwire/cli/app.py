@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -402,9 +402,9 @@ def bench_stream_cmd(
 ) -> None:
     """Record batches one way: each transport's streams vs pyarrow Flight DoGet, same run.
 
-    The Arrow Flight benchmark's workload; MB/s, batches/s and each batch's wait p50 / p95 /
-    p99 / max (microseconds), medians over interleaved trials, sender and receiver pinned
-    to different CPUs.
+    The Arrow Flight benchmark's workload; MB/s, batches/s, each batch's wait p50 / p95 /
+    p99 / max and each side's CPU per batch (microseconds), medians over interleaved trials,
+    sender and receiver pinned to different CPUs.
     """
     from tensorwire.bench.progress import progress_bar
     from tensorwire.bench.stream import bench_stream
@@ -436,6 +436,8 @@ def bench_stream_cmd(
         "p95_us",
         "p99_us",
         "max_us",
+        "send_cpu_us",
+        "recv_cpu_us",
         "vs_flight",
         "complete",
     ]
@@ -466,7 +468,16 @@ def bench_fl_cmd(
         typer.Option(help=_protocols_help()),
     ] = None,
     models: Annotated[
-        str | None, typer.Option(help="Comma-separated: vgg5, vgg8. Default: vgg5,vgg8.")
+        str | None,
+        typer.Option(help="Comma-separated: vgg5, vgg8, resnet18. Default: vgg5,vgg8."),
+    ] = None,
+    payload: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated sizes of synthetic updates, e.g. 1MB,10MB,100MB: "
+            "communication without training (a payload:<size> model each), instead of "
+            "--models unless that is given too."
+        ),
     ] = None,
     profiles: Annotated[
         str | None,
@@ -519,6 +530,31 @@ def bench_fl_cmd(
             help="Per-device link profiles, one per device, e.g. 3g,4g,4g,wifi (a semicolon "
             "between custom profiles with commas); give it again for another set, 'uniform' "
             "for none. On a star they replace --profiles. Default: uniform."
+        ),
+    ] = None,
+    faults: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated fault scenarios, each none or events joined by +: "
+            "kill[N]@R[-BACK] (SIGKILL N devices in round R, restarted in round BACK), "
+            "hang[N]@R[-BACK] (SIGSTOP), flap[N]@R[:Ts] (links down T s), broker@R[:Ts] "
+            "(restart the broker), e.g. none,kill@2-4+hang@3,broker@2. Default: none."
+        ),
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            help="Every round's deadline, s. Default: 600 without faults; with faults, three "
+            "times a round's transfers at the slowest link plus 30 s.",
+        ),
+    ] = None,
+    quorum: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Updates a round needs to change the model (the run stops when fewer devices "
+            "remain). Default: half the devices with faults, 1 without.",
         ),
     ] = None,
     ratio: Annotated[
@@ -581,7 +617,7 @@ def bench_fl_cmd(
             "protocols": None
             if protocols in (None, "all")
             else tuple(protocol_name(p) for p in _split(protocols)),
-            "models": tuple(_split(models)) if models else None,
+            "models": _models_and_payloads(models, payload),
             "profiles": split_profiles(profiles) if profiles else None,
             "losses": _floats(loss) if loss else None,
             "stresses": tuple(_split(stress)) if stress else None,
@@ -590,6 +626,9 @@ def bench_fl_cmd(
             "securities": tuple(_split(security)) if security else None,
             "topologies": tuple(_split(topology)) if topology else None,
             "links": tuple(parse_links(each) for each in links) if links else None,
+            "faults": tuple(_split(faults)) if faults else None,
+            "deadline": deadline,
+            "quorum": quorum,
             "ratio": ratio,
             "rounds": rounds,
             "epochs": epochs,
@@ -634,21 +673,35 @@ def bench_fl_cmd(
 _EXPERIMENT_S = 40.0  # per experiment: testbed, broker, processes, the first round's warm-up
 _ROUND_S = 3.0  # per round: evaluation, aggregation, counters
 # Training seconds per sample and CPU core, measured on this project's 2-core machine.
-_TRAIN_S_PER_SAMPLE = {"vgg5": 0.005, "vgg8": 0.024}
+_TRAIN_S_PER_SAMPLE = {"vgg5": 0.005, "vgg8": 0.024, "resnet18": 0.035}
 _TRAIN_SAMPLES = {"digits": 1437, "synthetic": 400, "cifar10": 50000}
-_MODEL_BYTES = {"vgg5": 582_346 * 4, "vgg8": 1_337_898 * 4}
+_MODEL_BYTES = {"vgg5": 582_346 * 4, "vgg8": 1_337_898 * 4, "resnet18": 44_734_408}
+
+
+def _models_and_payloads(models: str | None, payload: str | None) -> tuple[str, ...] | None:
+    """``--models`` and ``--payload`` as one models axis: each payload size as a
+    ``payload:<size>`` model (``10MB`` -> ``payload:10MB``)."""
+    named = _split(models) if models else []
+    sizes = [f"payload:{size}" for size in _split(payload)] if payload else []
+    return tuple(named + sizes) or None
 
 
 def _check_fl_choices(given: dict) -> None:
     """Models and datasets the FL runtime has, checked before anything starts."""
+    from tensorwire.fl.config import BUILTIN_MODELS, is_builtin_model
     from tensorwire.fl.data import DATASETS
-    from tensorwire.fl.models import VGG_LAYOUTS
 
     for model in given["models"] or ():
-        if model.lower() not in VGG_LAYOUTS:
+        try:
+            known = is_builtin_model(model.lower() if ":" not in model else model)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--payload") from None
+        if not known:
+            hint = "--payload" if model.startswith("payload:") else "--models"
             raise typer.BadParameter(
-                f"no model {model!r}; choose among {', '.join(VGG_LAYOUTS)}",
-                param_hint="--models",
+                f"no model {model!r}; choose among {', '.join(BUILTIN_MODELS)}, or give "
+                "--payload sizes such as 1MB,10MB",
+                param_hint=hint,
             )
     if given["dataset"] is not None and given["dataset"] not in DATASETS:
         raise typer.BadParameter(
@@ -662,24 +715,43 @@ def estimate_seconds(matrix: Matrix, cores: int | None = None) -> float:
     and the model, transfers from the model's bytes and the profile's rate, plus a fixed cost
     per round and per experiment; loss and stress lengthen them. An estimate, to decide
     whether to start, not a measurement."""
-    from tensorwire.testbed.profile import as_profile
+    from tensorwire.fl.config import payload_bytes
 
     cores = cores or len(os.sched_getaffinity(0))
     total = 0.0
     for exp in matrix.experiments():
         model = exp.model.lower()
+        payload = payload_bytes(exp.model)
         per_sample = _TRAIN_S_PER_SAMPLE.get(model, max(_TRAIN_S_PER_SAMPLE.values()))
         samples = _TRAIN_SAMPLES.get(exp.dataset, 50000) / exp.clients
         train = exp.epochs * samples * per_sample * max(1.0, exp.clients / cores)
-        rate = as_profile(exp.profile).rate or 1e9
-        comm = 2 * _MODEL_BYTES.get(model, max(_MODEL_BYTES.values())) * 8 / rate
+        train = 0.0 if payload is not None else train  # a payload does not train
+        rate = exp.link_profile().rate or 1e9  # per-device links: the slowest one's
+        size = payload if payload is not None else _MODEL_BYTES.get(model)
+        comm = 2 * (size or max(_MODEL_BYTES.values())) * 8 / rate
         comm *= 1 + 10 * exp.loss
         if exp.stress == "cpu":
             train *= 2
         elif exp.stress == "network":
             comm *= 1.5
         total += _EXPERIMENT_S + exp.rounds * (train + comm + _ROUND_S)
+        total += _fault_seconds(exp)
     return total
+
+
+def _fault_seconds(exp: Any) -> float:
+    """What an experiment's faults add: a round that waits out its deadline for each hung
+    device or flapped link, a broker's restart."""
+    from tensorwire.bench.fl import round_deadline
+    from tensorwire.bench.fl_faults import parse_scenario
+
+    added = 0.0
+    for event in parse_scenario(exp.faults, exp.clients, exp.rounds):
+        if event.kind in ("hang", "flap"):
+            added += round_deadline(exp)
+        elif event.kind == "broker":
+            added += 15.0
+    return added
 
 
 def _duration(seconds: float) -> str:

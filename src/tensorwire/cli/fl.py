@@ -25,6 +25,7 @@ from tensorwire.fl.config import (
     STRATEGIES,
     UPLINK_COMPRESSORS,
     FLConfig,
+    is_builtin_model,
     is_factory_ref,
 )
 
@@ -40,11 +41,15 @@ SPLITS = ("equal", "iid", "dirichlet")
 
 def _check_model(value: str | None) -> str | None:
     """A built-in model, or a ``package.module:function`` that imports and is callable."""
-    if value is None or value in BUILTIN_MODELS:
-        return value
+    try:
+        if value is None or is_builtin_model(value):
+            return value
+    except ValueError as exc:  # a payload too small
+        raise typer.BadParameter(str(exc)) from None
     if not is_factory_ref(value):
         raise typer.BadParameter(
-            f"{value!r}: choose {', '.join(BUILTIN_MODELS)}, or package.module:function"
+            f"{value!r}: choose {', '.join(BUILTIN_MODELS)}, payload:<size> (e.g. "
+            "payload:10MB), or package.module:function"
         )
     from tensorwire.fl.errors import FLError
     from tensorwire.fl.task import import_factory
@@ -315,12 +320,25 @@ def server_cmd(
         ),
     ] = None,
     certs: Certs = None,
+    fanout: Annotated[
+        str,
+        typer.Option(
+            help="How the model goes out to the devices: concurrent (to all at once), or "
+            "sequential (one device after another, as FedComm's TCP server did)."
+        ),
+    ] = "concurrent",
     progress: Annotated[Path | None, typer.Option(hidden=True)] = None,
     progress_ack: Annotated[float, typer.Option(hidden=True)] = 0.0,
 ) -> None:
     """Serve rounds at URL until every one is done; devices join with `tensorwire fl client`."""
+    from tensorwire.fl.errors import QuorumLost
     from tensorwire.fl.server import run_server
+    from tensorwire.transports import FANOUTS
 
+    if fanout not in FANOUTS:
+        raise typer.BadParameter(
+            f"{fanout!r}: choose among {', '.join(FANOUTS)}", param_hint="--fanout"
+        )
     options = dict(locals())
     if resume is not None:
         from tensorwire.fl.checkpoint import load_checkpoint
@@ -346,9 +364,21 @@ def server_cmd(
         if events:
             events.round(row)
 
-    result = run_server(
-        url, cfg, on_ready=ready, on_round=round_done, certs=certs, out_dir=out, resume=resume
-    )
+    try:
+        result = run_server(
+            url,
+            cfg,
+            on_ready=ready,
+            on_round=round_done,
+            certs=certs,
+            out_dir=out,
+            resume=resume,
+            hub_options={"fanout": fanout} if fanout != "concurrent" else None,
+        )
+    except QuorumLost as exc:
+        if events:
+            events.write("stopped", reason=str(exc), out=str(out))
+        raise
     _print_rounds(result.rounds)
     console.print(f"results: {out}")
     if events:

@@ -24,14 +24,14 @@ import numpy as np
 import torch
 
 import tensorwire
-from tensorwire.errors import PeerGone, TransportError, TransportTimeout
+from tensorwire.errors import DeliveryUncertain, PeerGone, TransportError, TransportTimeout
 from tensorwire.fl.compression import (
     apply_xor_delta,
     feedback_state,
     restore_feedback,
     uplink_codec,
 )
-from tensorwire.fl.config import BUILTIN_MODELS, CUSTOM, FLConfig
+from tensorwire.fl.config import CUSTOM, FLConfig, is_builtin_model
 from tensorwire.fl.data import load_dataset, split_indices
 from tensorwire.fl.errors import FLError
 from tensorwire.fl.models import build_model
@@ -118,7 +118,7 @@ class FLDevice:
     def _factory(self, cfg: FLConfig) -> ModelFactory:
         if self.factory is not None:
             return self.factory
-        if cfg.model in BUILTIN_MODELS:
+        if is_builtin_model(cfg.model):
             num_classes = 10
 
             def builtin() -> torch.nn.Module:
@@ -215,12 +215,16 @@ class _Link:
         return True
 
     def send(self, tensors: Any, meta: dict[str, Any], selector: Any) -> Any:
-        """Send, reconnecting once if the server went away meanwhile."""
+        """Send, reconnecting once if the server went away meanwhile, and sending once more
+        if the medium may have lost the message (a broker restarted without its state)."""
         try:
             return self.ch.send(tensors, meta)
         except PeerGone:
             if not self.reopen(selector):
                 raise
+            return self.ch.send(tensors, meta)
+        except DeliveryUncertain as exc:
+            log.warning("fl: %s sends %s again: %s", self.client_id, meta.get("fl"), exc)
             return self.ch.send(tensors, meta)
 
 

@@ -9,7 +9,6 @@ did not change, so after a sparse uplink (top-k) the downlink shrinks with it.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -47,16 +46,14 @@ def feedback_state(selector: Any) -> Any:
 
     if not isinstance(selector, ErrorFeedback):
         return None
-    with selector._lock:  # the codec keeps no public snapshot of its memory yet
-        return copy.deepcopy(selector._memories)
+    return selector.snapshot()
 
 
 def restore_feedback(selector: Any, state: Any) -> None:
     """Put back what :func:`feedback_state` took."""
     if state is None:
         return
-    with selector._lock:
-        selector._memories = copy.deepcopy(state)
+    selector.restore(state)
 
 
 def downlink_codec(cfg: FLConfig) -> Any:

@@ -10,10 +10,31 @@ UPLINK_COMPRESSORS = ("none", "fp16", "bf16", "int8", "qsgd", "topk", "randomk",
 DOWNLINK_MODES = ("none", "fp16", "delta")
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedyogi", "median", "trimmed-mean")
 LATE_POLICIES = ("discard", "stale")
-BUILTIN_MODELS = ("vgg5", "vgg8")
+BUILTIN_MODELS = ("vgg5", "vgg8", "resnet18")
+# Synthetic updates of a given size, no training: ``payload:10MB`` (B, KB, MB, GB; 1000-based).
+_PAYLOAD = re.compile(r"^payload:(\d+(?:\.\d+)?)(B|KB|MB|GB)$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000}
 BUILTIN_DATASETS = ("digits", "cifar10", "synthetic")
 CUSTOM = "custom"  # a model or data set the user's code supplies (tensorwire.fl.serve / join)
 _FACTORY_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # package.module:function
+
+
+def payload_bytes(name: str) -> int | None:
+    """The size in bytes a ``payload:<size>`` model name asks for (``payload:10MB`` ->
+    10,000,000), or None for any other name; ValueError for a size under 64 bytes."""
+    match = _PAYLOAD.match(name)
+    if match is None:
+        return None
+    size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if size < 64:
+        raise ValueError(f"model {name!r}: a payload needs at least 64 bytes")
+    return size
+
+
+def is_builtin_model(name: str) -> bool:
+    """Whether ``name`` is a model tensorwire builds itself: one of :data:`BUILTIN_MODELS`, or
+    ``payload:<size>`` (synthetic updates of that size, no training)."""
+    return name in BUILTIN_MODELS or payload_bytes(name) is not None
 
 
 def is_factory_ref(name: str) -> bool:
@@ -75,9 +96,14 @@ class FLConfig:
         _choice("strategy", self.strategy, (*STRATEGIES, CUSTOM))
         _choice("late", self.late, LATE_POLICIES)
         _choice("dataset", self.dataset, (*BUILTIN_DATASETS, CUSTOM))
-        if self.model not in (*BUILTIN_MODELS, CUSTOM) and not is_factory_ref(self.model):
+        if (
+            not is_builtin_model(self.model)
+            and self.model != CUSTOM
+            and not is_factory_ref(self.model)
+        ):
             raise ValueError(
-                f"model {self.model!r}: choose one of {', '.join(BUILTIN_MODELS)}, or name a "
+                f"model {self.model!r}: choose one of {', '.join(BUILTIN_MODELS)}, "
+                "payload:<size> (e.g. payload:10MB), or name a "
                 "function that returns a torch.nn.Module as package.module:function"
             )
         if self.clients < 1 or self.rounds < 1 or self.epochs < 1 or self.batch_size < 1:

@@ -151,6 +151,7 @@ class FLServer:
     None (the checkpoint's is used) and results go on being written there.
     ``on_ready(hub_url)`` is called once the hub listens, ``on_round(row)`` after each round.
     ``certs``: a directory from ``tensorwire certs``; only the devices enrolled there may join.
+    ``hub_options``: more keywords for :func:`tensorwire.serve` (e.g. ``fanout``).
     """
 
     def __init__(
@@ -165,6 +166,7 @@ class FLServer:
         on_round: Callable[[dict[str, Any]], None] | None = None,
         on_ready: Callable[[str], None] | None = None,
         certs: str | Path | None = None,
+        hub_options: dict[str, Any] | None = None,
     ) -> None:
         checkpoint = load_checkpoint(Path(resume)) if resume is not None else None
         if checkpoint is not None:
@@ -176,6 +178,7 @@ class FLServer:
         self.on_round = on_round
         self.on_ready = on_ready
         self.certs = certs
+        self.hub_options = dict(hub_options or {})
         self.task = task or builtin_task(cfg)
         torch.manual_seed(cfg.seed)
         self.model = build(self.task.factory)
@@ -265,7 +268,11 @@ class FLServer:
         outcome = "done"
         try:
             with tensorwire.serve(
-                self.url, codec=downlink_codec(self.cfg), on_event=self._on_hub_event, **security
+                self.url,
+                codec=downlink_codec(self.cfg),
+                on_event=self._on_hub_event,
+                **security,
+                **self.hub_options,
             ) as hub:
                 self.hub = hub
                 receiver = threading.Thread(
@@ -988,6 +995,7 @@ def run_server(
     test_data: Any = None,
     loss_fn: LossFn | None = None,
     strategy: Strategy | None = None,
+    hub_options: dict[str, Any] | None = None,
 ) -> RunResult:
     """Serve ``cfg.rounds`` rounds at ``url`` (see :class:`FLServer`); return the result.
 
@@ -1014,4 +1022,5 @@ def run_server(
         on_round=on_round,
         on_ready=on_ready,
         certs=certs,
+        hub_options=hub_options,
     ).run()

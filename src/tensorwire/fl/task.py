@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from tensorwire.fl.config import BUILTIN_MODELS, CUSTOM, is_factory_ref
+from tensorwire.fl.config import CUSTOM, is_builtin_model, is_factory_ref
 from tensorwire.fl.errors import FLError, ModelMismatch
 from tensorwire.fl.models import build_model
 from tensorwire.fl.train import StateDict
@@ -46,7 +46,7 @@ def model_factory(model: str | ModelFactory, num_classes: int = 10) -> ModelFact
     callable (returned as is)."""
     if callable(model):
         return model
-    if model in BUILTIN_MODELS:
+    if is_builtin_model(model):
         return partial(build_model, model, num_classes)
     if model == CUSTOM:
         raise FLError("this run trains the user's own model: give the model factory")

@@ -37,6 +37,8 @@ class Backend(Protocol):
 
     def proc_net(self, node: str, name: str) -> str: ...
 
+    def set_link_state(self, device: int, up: bool) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -80,6 +82,9 @@ class LocalBackend:
 
     def proc_net(self, node: str, name: str) -> str:
         return self._fabric.proc_net(node, name)
+
+    def set_link_state(self, device: int, up: bool) -> None:
+        self._fabric.set_link_state(device, up)
 
     def close(self) -> None:
         fabric = getattr(self, "_fabric", None)

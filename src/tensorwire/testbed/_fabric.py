@@ -197,6 +197,12 @@ class Fabric:
         end = self._index(peer_node, peer)
         self._ipr[peer_node].link("set", index=end, state="up", gso_max_segs=1)
 
+    def set_link_state(self, device: int, up: bool) -> None:
+        """Device ``device``'s end of its link down or up (its address stays; the route to
+        the subnet comes back with the link)."""
+        node, ifname = device_node(device), self.device_end(device)
+        self._ipr[node].link("set", index=self._index(node, ifname), state="up" if up else "down")
+
     def _address(self, node: str, ifname: str) -> None:
         self._ipr[node].addr(
             "add",

@@ -114,6 +114,9 @@ def main() -> None:
                     result = backend.counters()
                 elif op == "proc_net":
                     result = backend.proc_net(request["node"], request["name"])
+                elif op == "link":
+                    backend.set_link_state(int(request["device"]), bool(request["up"]))
+                    result = None
                 elif op == "close":
                     break
                 else:
@@ -209,6 +212,9 @@ class AgentBackend:
 
     def proc_net(self, node: str, name: str) -> str:
         return self._call("proc_net", node=node, name=name)
+
+    def set_link_state(self, device: int, up: bool) -> None:
+        self._call("link", device=device, up=up)
 
     def close(self) -> None:
         if self._agent.poll() is None:

@@ -179,6 +179,12 @@ class BaseTestbed:
         """Read the TCP and link counters now; subtract two readings for a round's share."""
         raise NotImplementedError
 
+    def set_link_state(self, device: int, up: bool) -> None:
+        """Take device ``device``'s (1-based) link down (``up=False``) or bring it up: its
+        packets go nowhere meanwhile, as when a phone loses its network. Where there are no
+        links (loopback), :class:`TestbedError`."""
+        raise TestbedError(f"{self.label}: no links to take down")
+
     @staticmethod
     def capabilities() -> Capabilities:
         """What this kernel and user allow (probed once per process)."""

@@ -265,3 +265,8 @@ class Testbed(BaseTestbed):
 
     def counters(self) -> Counters:
         return Counters.from_raw(self._ready().counters(), label=self.label, shaped=True)
+
+    def set_link_state(self, device: int, up: bool) -> None:
+        if not 1 <= device <= self.devices:
+            raise ValueError(f"device {device}: this testbed has devices 1..{self.devices}")
+        self._ready().set_link_state(device, up)
