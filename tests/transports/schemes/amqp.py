@@ -138,6 +138,12 @@ def _node(request: pytest.FixtureRequest, tls: Any = None) -> Any:
     from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker
 
     node = getattr(request.config, _PRIVATE, None)
+    if node is not None and node.dir is None:
+        # a restart that could not bring it back (a slow start on a loaded machine) tore it
+        # down: start another rather than fail every later test with the dead one
+        print(f"the session's RabbitMQ node is gone; starting another (was {node.node})")
+        tls = tls or node.tls
+        node = None
     if node is None:
         options = {} if tls is None else {"tls": tls, "plain_port": 0}
         try:
