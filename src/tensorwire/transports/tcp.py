@@ -31,6 +31,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -294,14 +295,29 @@ class TcpHub(Hub):
         left, or None when it may send more (turn held)."""
         reader, session = peer.reader, peer.session
         assert reader is not None and session is not None
+
+        def arrived() -> Message | None:
+            try:
+                return reader.read_message(_NOW)
+            except TransportTimeout:
+                if not reader.stream.in_message:
+                    return None
+                return reader.read_message()  # the rest of a message is on its way
+
+        return self._deliver(peer, reader, session, arrived)
+
+    def _deliver(
+        self,
+        peer: _Peer,
+        reader: StreamReader,
+        session: HubSession,
+        read: Callable[[], Message | None],
+    ) -> str | None:
+        """Deliver the peer's messages as ``read`` gives them, until it gives None (None) or
+        the peer leaves (why)."""
         while True:
             try:
-                try:
-                    msg = reader.read_message(_NOW)
-                except TransportTimeout:
-                    if not reader.stream.in_message:
-                        return None
-                    msg = reader.read_message()  # the rest of a message is on its way
+                msg = read()
             except WireError as exc:
                 self._rejected(peer.client_id, exc)
                 if reader.stream.broken:
@@ -309,6 +325,8 @@ class TcpHub(Hub):
                 continue
             except TransportError as exc:
                 return str(exc)
+            if msg is None:
+                return None
             event = session.receive(msg)
             if isinstance(event, Data):
                 self._delivered(peer.client_id, msg)
@@ -411,23 +429,9 @@ class TcpHub(Hub):
 
     def _read_loop(self, peer: _Peer, reader: StreamReader, session: HubSession) -> str:
         """Deliver the peer's messages until it leaves; return why it left."""
-        while True:
-            try:
-                msg = reader.read_message()
-            except WireError as exc:
-                self._rejected(peer.client_id, exc)
-                if reader.stream.broken:
-                    return f"sent bytes that are not a tensorwire message ({exc})"
-                continue
-            except TransportError as exc:
-                return str(exc)
-            event = session.receive(msg)
-            if isinstance(event, Data):
-                self._delivered(peer.client_id, msg)
-            elif isinstance(event, Closed):
-                return event.reason
-            else:
-                log.debug("tcp: %r: %s", peer.client_id, event)
+        reason = self._deliver(peer, reader, session, reader.read_message)
+        assert reason is not None  # a blocking read gives a message or raises
+        return reason
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
         with self._lock:
