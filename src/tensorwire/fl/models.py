@@ -5,6 +5,8 @@ communication without training."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -135,6 +137,7 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
     return VGG(layout, num_classes)
 
 
+@functools.cache  # a benchmark asks per experiment, several times; building ResNet-18 is slow
 def model_bytes(name: str) -> int | None:
     """The bytes of a built-in model's state (parameters and buffers), without building it
     for a payload; None for a name that is not built in."""
