@@ -275,3 +275,61 @@ def test_bounded_cache_evicts_oldest_first_and_refuses_what_is_too_big() -> None
     assert cache.get("f") is None
     cache.put("e", 6, 20)  # replacing counts once
     assert cache.get("e") == 6 and cache.nbytes == sum(10 for _ in range(len(cache) - 1)) + 20
+
+
+def test_a_known_shape_sent_as_another_layout_is_encoded_as_that_layout() -> None:
+    c = np.arange(12, dtype=np.float32).reshape(3, 4)
+    encode_message({"x": c})  # the shape is planned: later ones take the flat path
+    for x in (c, np.asfortranarray(c), np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2]):
+        back = decode_message(encode_message({"x": x}).to_bytes())
+        np.testing.assert_array_equal(back["x"], x)
+        assert back["x"].flags.f_contiguous == (x.flags.f_contiguous and not x.flags.c_contiguous)
+
+
+def test_the_small_message_path_decodes_what_the_general_one_does() -> None:
+    tensors = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": np.ones(5)}
+    data = encode_message(tensors, t0=3.5).to_bytes()
+    want = decode_message(data)  # validates and caches the table: the stream takes the path
+    out = {("a",): np.zeros((2, 3), np.int16)}
+    stream = MessageStream()
+    stream.set_out(out)
+    stream.receive_data(data + data)
+    first, second = stream.next_event(), stream.next_event()
+    for got in (first, second):
+        assert isinstance(got, type(want))
+        assert got.keys() == want.keys() and got.kind == want.kind and got.t0 == 3.5
+        assert (got.nbytes, got.wire_nbytes, got.n_tensors, got.codec_label) == (
+            want.nbytes,
+            want.wire_nbytes,
+            want.n_tensors,
+            want.codec_label,
+        )
+        for name in tensors:
+            np.testing.assert_array_equal(got[name], tensors[name])
+            assert got[name].flags.writeable
+    assert first["a"] is out[("a",)] and second["a"] is not out[("a",)]  # out: next message
+
+
+@pytest.mark.parametrize("where", ["digest", "body", "header"])
+def test_the_small_message_path_leaves_a_bad_message_to_the_checks(where: str) -> None:
+    from tensorwire.errors import ChecksumMismatch
+
+    good = encode_message({"x": np.arange(64, dtype=np.uint8)}).to_bytes()
+    decode_message(good)
+    bad = bytearray(good)
+    if where == "digest":
+        bad[-1] ^= 1
+    elif where == "body":
+        bad[-20] ^= 1
+    else:
+        bad[PREFIX_SIZE + 3] ^= 1
+    stream = MessageStream()
+    if where == "header":  # the header check fails: the stream cannot find the next one
+        with pytest.raises(HeaderCheckMismatch):
+            stream.receive_data(bytes(bad) + good)
+        assert stream.broken
+        return
+    stream.receive_data(bytes(bad) + good)
+    with pytest.raises(ChecksumMismatch):
+        stream.next_event()
+    np.testing.assert_array_equal(stream.next_event()["x"], np.arange(64, dtype=np.uint8))

@@ -10,6 +10,7 @@ stranger can make grow (errors, records, events) are bounded.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 import socket
@@ -68,7 +69,7 @@ MAX_EVENTS = 10_000  # membership events kept per hub
 MAX_HELD = 10_000  # a channel's messages kept while a stream waits for acknowledgements
 
 
-@dataclass
+@dataclass(slots=True)
 class TransferRecord:
     """One message sent or received: sizes in bytes, times in seconds.
 
@@ -118,7 +119,11 @@ class RecordLog:
         self._subscribers: list[Callable[[TransferRecord], None]] = []
 
     def append(self, rec: TransferRecord) -> None:
-        self._items.append(_RECORD_VALUES(rec))
+        self.add(rec, _RECORD_VALUES(rec))
+
+    def add(self, rec: TransferRecord, values: tuple[Any, ...]) -> None:
+        """:meth:`append` of a record made from ``values`` (its fields in order)."""
+        self._items.append(values)
         self._recent.append(rec)
         self.total += 1
         for fn in self._subscribers:
@@ -371,10 +376,13 @@ class _Endpoint:
         """Encode with this endpoint's codecs, keeping to those the peer can decode; a message
         larger than the peer accepts raises :class:`MessageTooLarge` here, at the sender."""
         selector = self.selector
-        # codec=None: nothing to choose per tensor (half the cost of encoding a stream batch)
-        raw = type(selector) is FixedChainSelector and not selector.chain
-        allowed = None if raw else _DecodableCodecs(selector, peer_decoders)
-        enc = encode_message(tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind)
+        # codec=None: nothing to choose per tensor (half the cost of encoding a stream batch);
+        # tensors under the selector's min_size go raw without asking it (small messages)
+        raw_below = _raw_below(selector)
+        allowed = None if raw_below == math.inf else _DecodableCodecs(selector, peer_decoders)
+        enc = encode_message(
+            tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind, raw_below=raw_below
+        )
         if peer_max_bytes is not None and enc.nbytes > peer_max_bytes:
             raise MessageTooLarge(
                 f"a message of {enc.nbytes} bytes is over the {peer_max_bytes} bytes {peer} "
@@ -387,23 +395,24 @@ class _Endpoint:
     ) -> TransferRecord:
         if isinstance(self.selector, AutoCodec) and enc.nbytes >= 1 << 20 and wire_s > 0:
             self.selector.update_bandwidth(enc.nbytes / wire_s)
-        rec = TransferRecord(
-            direction="send",
-            peer=peer,
-            protocol=self.protocol,
-            kind="data",
-            tensors=len(enc.buffers),
-            bytes_raw=enc.raw_nbytes,
-            bytes_encoded=enc.nbytes,
-            codecs=enc.codec_label,
-            encode_s=enc.encode_s,
-            wire_s=wire_s,
-            decode_s=0.0,
-            wall_s=time.perf_counter() - started,
-            e2e_s=None,
-            started_at=enc.t0,
+        values = (  # TransferRecord's fields, in order (positional: cheaper per message)
+            "send",
+            peer,
+            self.protocol,
+            "data",
+            len(enc.buffers),
+            enc.raw_nbytes,
+            enc.nbytes,
+            enc.codec_label,
+            enc.encode_s,
+            wire_s,
+            0.0,
+            time.perf_counter() - started,
+            None,
+            enc.t0,
         )
-        self.records.append(rec)
+        rec = TransferRecord(*values)
+        self.records.add(rec, values)
         return rec
 
     def _decode_whole(self, buf: Any, first_byte_at: float, out: Any = None) -> Message:
@@ -420,23 +429,25 @@ class _Endpoint:
         return msg
 
     def _note_recv(self, peer: str, msg: Message) -> TransferRecord:
-        rec = TransferRecord(
-            direction="recv",
-            peer=peer,
-            protocol=self.protocol,
-            kind=msg.kind,
-            tensors=msg.n_tensors,
-            bytes_raw=msg.nbytes,
-            bytes_encoded=msg.wire_nbytes,
-            codecs=msg.codec_label,
-            encode_s=0.0,
-            wire_s=max(msg.recv_s - msg.decode_s, 0.0),
-            decode_s=msg.decode_s,
-            wall_s=msg.recv_s,
-            e2e_s=(time.time() - msg.t0) if msg.t0 is not None else None,
-            started_at=time.time() - msg.recv_s,
+        now = time.time()
+        values = (  # TransferRecord's fields, in order
+            "recv",
+            peer,
+            self.protocol,
+            msg.kind,
+            msg.n_tensors,
+            msg.nbytes,
+            msg.wire_nbytes,
+            msg.codec_label,
+            0.0,
+            max(msg.recv_s - msg.decode_s, 0.0),
+            msg.decode_s,
+            msg.recv_s,
+            (now - msg.t0) if msg.t0 is not None else None,
+            now - msg.recv_s,
         )
-        self.records.append(rec)
+        rec = TransferRecord(*values)
+        self.records.add(rec, values)
         msg.record = rec
         return rec
 
@@ -596,6 +607,22 @@ class Hub(_Endpoint):
         with self._cond:
             self._inbox.append((client_id, msg))
             self._cond.notify_all()
+
+    def _take_delivered(self, client_id: str, msg: Message) -> tuple[str, Message] | None:
+        """:meth:`_delivered` by a thread about to take the inbox's next message (a ``recv``
+        that read it itself): that message, without queueing ``msg`` when nothing is queued
+        before it; None when ``msg`` was a stream acknowledgement."""
+        self._note_recv(client_id, msg)
+        ack = ack_fields(msg.meta)
+        if ack is not None:
+            self._acks.note(client_id, *ack)
+            return None
+        with self._cond:
+            if not self._inbox:
+                return client_id, msg
+            self._inbox.append((client_id, msg))
+            self._cond.notify_all()
+            return self._inbox.popleft()
 
     def _rejected(self, client_id: str, exc: Exception) -> None:
         _log_limited(
@@ -1089,6 +1116,15 @@ class Channel(_Endpoint):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _raw_below(selector: Any) -> float:
+    """The size in bytes under which ``selector`` sends every tensor raw (inf: all sizes)."""
+    if type(selector) is FixedChainSelector:
+        return selector.min_size if selector.chain else math.inf
+    if type(selector) is AutoCodec:
+        return selector.min_size
+    return 0
 
 
 def _keys(auth: Mapping[str, Any] | str | os.PathLike[str]) -> Keys:

@@ -94,7 +94,7 @@ class Welcomed:
     meta: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made for every message, and frozen costs ~0.5 us
 class Data:
     """A data message from the peer."""
 

@@ -346,8 +346,7 @@ class TcpHub(Hub):
         While the hub has one client (on a plain connection), the calling thread reads its
         connection itself (see the module doc)."""
         deadline = deadline_after(timeout)
-        with self._lock:
-            peers = list(self._peers.values())
+        peers = list(self._peers.values())  # one step under the GIL: no lock needed
         peer = peers[0] if len(peers) == 1 else None
         if peer is None or not peer.turns or peer.wake_w is None:
             return super().recv(timeout)
@@ -355,6 +354,7 @@ class TcpHub(Hub):
             if peer.ended is not None or self._stopping:
                 return super().recv(timeout)
             peer.callers += 1
+            self._callers_reading += 1  # from here: a message delivered elsewhere wakes it
             if peer.polling:
                 _wake(peer.wake_w)
         try:
@@ -362,6 +362,7 @@ class TcpHub(Hub):
         finally:
             with self._turns:
                 peer.callers -= 1
+                self._callers_reading -= 1
                 peer.callers_left_at = time.monotonic()
                 if peer.ended is not None:
                     self._turns.notify_all()  # its reader thread says why it left
@@ -379,17 +380,14 @@ class TcpHub(Hub):
         if not peer.turn.acquire(timeout=-1 if left is None else left):
             return None
         try:
-            with self._turns:
-                self._callers_reading += 1
             reader, session = peer.reader, peer.session
             assert reader is not None and session is not None
             while True:
-                with self._cond:
-                    if self._inbox:
-                        return self._inbox.popleft()
-                    if self._closed:
-                        return None
-                if peer.ended is not None:
+                if self._inbox:  # a look without the lock; taken under it
+                    with self._cond:
+                        if self._inbox:
+                            return self._inbox.popleft()
+                if self._closed or peer.ended is not None:
                     return None
                 try:
                     msg = reader.read_message(deadline, wake=self._caller_wake_r)
@@ -409,14 +407,14 @@ class TcpHub(Hub):
                     continue
                 event = session.receive(msg)
                 if isinstance(event, Data):
-                    super()._delivered(peer.client_id, msg)  # no wake-up: this thread looks
+                    got = self._take_delivered(peer.client_id, msg)
+                    if got is not None:
+                        return got
                 elif isinstance(event, Closed):
                     self._end_turns(peer, event.reason)
                 else:
                     log.debug("tcp: %r: %s", peer.client_id, event)
         finally:
-            with self._turns:
-                self._callers_reading -= 1
             peer.turn.release()
 
     def _end_turns(self, peer: _Peer, reason: str) -> None:

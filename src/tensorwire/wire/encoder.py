@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from collections.abc import Iterator, Mapping
@@ -12,7 +13,7 @@ import xxhash
 
 from tensorwire.wire.codec import CodecSelector
 from tensorwire.wire.format import DIGEST_SIZE, assemble_header, pack_prefix
-from tensorwire.wire.plans import ShapeKey, array_header, encode_plan
+from tensorwire.wire.plans import EncodePlan, ShapeKey, array_header, encode_plan
 from tensorwire.wire.tensors import Order, TensorPath, flatten, to_numpy
 
 _U64 = struct.Struct("<Q")
@@ -132,6 +133,43 @@ def _contiguous(arr: np.ndarray) -> tuple[np.ndarray, Order]:
     return np.ascontiguousarray(arr), "C"  # the one copy a strided view costs
 
 
+def _flat_leaves(tensors: dict[str, Any]) -> tuple[list[np.ndarray], EncodePlan] | None:
+    """The arrays and plan of a flat dict of C-ordered numpy arrays with a known shape (the
+    common small message: FL rounds, ping-pongs, stream batches); None for any other."""
+    key = []
+    for name, arr in tensors.items():
+        if type(arr) is not np.ndarray:
+            return None
+        key.append((name, arr.dtype, arr.shape))
+    plan = _FLAT_PLANS.get(tuple(key))
+    if plan is None:  # first of its shape, or names / orders the general path checks
+        return None
+    arrays = list(tensors.values())
+    for arr in arrays:
+        if not arr.flags.c_contiguous:
+            return None
+    return arrays, plan
+
+
+def _remember_flat(key: ShapeKey, plan: EncodePlan) -> None:
+    """Let :func:`_flat_leaves` find ``plan`` when every tensor is a top-level C-ordered
+    array of a byte order and dtype the buffer protocol exports as is."""
+    flat_key = []
+    for path, dtype, shape, order in key:
+        if len(path) != 1 or order != "C" or dtype.byteorder == ">":
+            return
+        if dtype.kind not in _BUFFER_KINDS or not math.prod(shape):
+            return
+        flat_key.append((path[0], dtype, shape))
+    if len(_FLAT_PLANS) >= _MAX_FLAT_PLANS:
+        _FLAT_PLANS.pop(next(iter(_FLAT_PLANS)), None)
+    _FLAT_PLANS[tuple(flat_key)] = plan
+
+
+_FLAT_PLANS: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], EncodePlan] = {}
+_MAX_FLAT_PLANS = 256
+
+
 def _leaves(tensors: Mapping[str, Any]) -> tuple[list[np.ndarray], ShapeKey]:
     """Every tensor as a contiguous array, and the message's shape key (``plans``)."""
     arrays: list[np.ndarray] = []
@@ -156,6 +194,7 @@ def encode_message(
     checksum: bool = True,
     kind: str = "data",
     t0: float | None = None,
+    raw_below: float = 0,
 ) -> EncodedMessage:
     """Encode a (nested) mapping of names to numpy arrays / torch tensors plus metadata.
 
@@ -164,16 +203,30 @@ def encode_message(
     A selector with an ``observe(name, array, chain, encoded_nbytes)`` method is told what
     each chain it chose achieved. ``checksum`` appends an xxh3-64 digest to every tensor's
     bytes. ``t0`` is the send time (seconds since the epoch) put in the header; default
-    now (fix it for test vectors).
+    now (fix it for test vectors). ``raw_below``: the size in bytes under which ``codecs``
+    always answers raw (its ``min_size``); a message whose tensors are all smaller does not
+    ask it.
 
     The header pieces of a message shape (names, dtypes, shapes, orders) are built once and
     reused while the shape repeats (:mod:`tensorwire.wire.plans`).
     """
     t0 = time.time() if t0 is None else t0
     start = time.perf_counter()
-    arrays, key = _leaves(tensors or {})
-    plan = encode_plan(key)
-    buffers: list[memoryview] = []
+    flat = _flat_leaves(tensors) if type(tensors) is dict else None
+    if flat is not None:
+        arrays, plan = flat
+        if codecs is None or plan.max_nbytes < raw_below:  # every tensor goes raw as it is
+            buffers = [arr.data.cast("B") for arr in arrays]
+            return _framed(plan.raw_tensors, "raw", buffers, plan, kind, meta, t0, checksum, start)
+        key = plan.key
+    else:
+        arrays, key = _leaves(tensors or {})
+        plan = encode_plan(key)
+        if plan.key is key:  # just built
+            _remember_flat(key, plan)
+    if plan.max_nbytes < raw_below:
+        codecs = None
+    buffers = []
     entries: list[bytes] | None = None  # only once a tensor is compressed
     chain_ids: set[str] = set()  # first codec of each compressed tensor
     observe = getattr(codecs, "observe", None)
@@ -205,6 +258,21 @@ def encode_message(
         if any(e is r for e, r in zip(entries, plan.raw_entries, strict=True)):
             chain_ids.add("raw")
         label = "+".join(sorted(chain_ids))
+    return _framed(table, label, buffers, plan, kind, meta, t0, checksum, start)
+
+
+def _framed(
+    table: bytes,
+    label: str,
+    buffers: list[memoryview],
+    plan: EncodePlan,
+    kind: str,
+    meta: Mapping[str, Any] | None,
+    t0: float,
+    checksum: bool,
+    start: float,
+) -> EncodedMessage:
+    """The message around its packed ``tensors`` table and its tensors' buffers."""
     header = assemble_header(kind, dict(meta) if meta else {}, t0, table)
     body_length = sum(map(len, buffers)) + (DIGEST_SIZE * len(buffers) if checksum else 0)
     head = pack_prefix(header, body_length, checksum) + header

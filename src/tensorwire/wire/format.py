@@ -308,9 +308,10 @@ _KIND_AT = b"\x84\xa4kind"
 _META_EMPTY_TENSORS = b"\xa4meta\x80\xa7tensors"
 
 
-def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any] | None:
-    """:func:`_split_header` for the commonest header: a fixstr ``kind``, empty ``meta``, a
-    ``tensors`` array validated before and a float 64 ``t0``; None for any other."""
+def known_header(header: bytes) -> tuple[str, float, bytes, TensorTable] | None:
+    """``(kind, t0, tensors bytes, table)`` of the commonest header: a fixstr ``kind``, empty
+    ``meta``, a ``tensors`` array validated before and a float 64 ``t0``; None for any other
+    (or a table these limits may refuse: the caller checks ``table.fits``)."""
     if not header.startswith(_KIND_AT) or len(header) < 21:
         return None
     code = header[6]
@@ -328,8 +329,16 @@ def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any
         kind = header[7:start].decode()
     except UnicodeDecodeError:
         return None
-    doc = {"kind": kind, "meta": {}, "t0": _F64.unpack_from(header, end - 8)[0]}
-    return doc, span, table, _CACHED
+    return kind, _F64.unpack_from(header, end - 8)[0], span, table
+
+
+def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any] | None:
+    """:func:`_split_header` for the header :func:`known_header` knows; None for any other."""
+    known = known_header(header)
+    if known is None:
+        return None
+    kind, t0, span, table = known
+    return {"kind": kind, "meta": {}, "t0": t0}, span, table, _CACHED
 
 
 def _split_header(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable | None, Any] | None:

@@ -111,12 +111,23 @@ class EncodePlan:
     compressed one.
     """
 
-    __slots__ = ("_heads", "names", "nbytes", "raw_entries", "raw_tensors", "total_nbytes")
+    __slots__ = (
+        "_heads",
+        "key",
+        "max_nbytes",
+        "names",
+        "nbytes",
+        "raw_entries",
+        "raw_tensors",
+        "total_nbytes",
+    )
 
     def __init__(self, key: ShapeKey) -> None:
+        self.key = key
         self.names = tuple("/".join(path) for path, _, _, _ in key)
         self.nbytes = tuple(math.prod(shape) * dtype.itemsize for _, dtype, shape, _ in key)
         self.total_nbytes = sum(self.nbytes)
+        self.max_nbytes = max(self.nbytes, default=0)
         self._heads = tuple(
             b"".join(
                 (
