@@ -333,3 +333,16 @@ def test_the_small_message_path_leaves_a_bad_message_to_the_checks(where: str) -
     with pytest.raises(ChecksumMismatch):
         stream.next_event()
     np.testing.assert_array_equal(stream.next_event()["x"], np.arange(64, dtype=np.uint8))
+
+
+def test_receive_one_hands_back_a_lone_message_and_queues_the_rest() -> None:
+    data = encode_message({"x": np.arange(8, dtype=np.int32)}).to_bytes()
+    decode_message(data)
+    stream = MessageStream()
+    got = stream.receive_one(memoryview(data))
+    assert got is not None and stream.pending == 0
+    np.testing.assert_array_equal(got["x"], np.arange(8, dtype=np.int32))
+    assert stream.receive_one(memoryview(data + data[:30])) is None  # one whole, one begun
+    assert stream.pending == 1 and stream.in_message
+    assert stream.receive_one(memoryview(data[30:])) is None  # the rest: not at a start
+    assert stream.pending == 2

@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any, overload
 
+import numpy as np
+
 from tensorwire.codecs import (
     AutoCodec,
     FixedChainSelector,
@@ -372,6 +374,7 @@ class _Endpoint:
         kind: str = "data",
         peer_max_bytes: int | None = None,
         peer: str = "the peer",
+        client: str | None = None,
     ) -> EncodedMessage:
         """Encode with this endpoint's codecs, keeping to those the peer can decode; a message
         larger than the peer accepts raises :class:`MessageTooLarge` here, at the sender."""
@@ -385,7 +388,8 @@ class _Endpoint:
         )
         if peer_max_bytes is not None and enc.nbytes > peer_max_bytes:
             raise MessageTooLarge(
-                f"a message of {enc.nbytes} bytes is over the {peer_max_bytes} bytes {peer} "
+                f"a message of {enc.nbytes} bytes is over the {peer_max_bytes} bytes "
+                f"{peer if client is None else f'client {client!r}'} "
                 "accepts (its Limits.max_message_bytes): send less, or raise its limit"
             )
         return enc
@@ -675,8 +679,7 @@ class Hub(_Endpoint):
         self, client_id: str, tensors: Mapping[str, Any] | None, meta: Mapping[str, Any] | None
     ) -> EncodedMessage:
         """Encode a message for a member with the codecs and limits it announced."""
-        with self._cond:
-            member = None if self._closed else self._members.get(client_id)
+        member = None if self._closed else self._members.get(client_id)  # atomic: no lock
         if member is None:
             raise PeerGone(self._not_connected(client_id))
         return self._encode_for(
@@ -684,7 +687,7 @@ class Hub(_Endpoint):
             meta,
             member.decoders,
             peer_max_bytes=member.max_message_bytes,
-            peer=f"client {client_id!r}",
+            client=client_id,
         )
 
     def _start_send(
@@ -1164,6 +1167,14 @@ def _out_by_path(out: Mapping[Any, Any] | None) -> dict[tuple[str, ...], Any] | 
     if out is None:
         return None
     flat: dict[tuple[str, ...], Any] = {}
+    if type(out) is dict:  # the common case, a message's own tensors: no walk
+        for key, value in out.items():
+            if type(value) is not np.ndarray or type(key) is not str:
+                flat.clear()
+                break
+            flat[(key,)] = value
+        else:
+            return flat
 
     def walk(node: Mapping[Any, Any], prefix: tuple[str, ...]) -> None:
         for key, value in node.items():

@@ -385,8 +385,11 @@ def wrap_tls(
     return tls
 
 
-def sendmsg_all(sock: socket.socket, buffers: list, deadline: float | None = None) -> None:
-    """Send every byte of ``buffers`` with as few ``sendmsg`` calls as the kernel allows."""
+def sendmsg_all(
+    sock: socket.socket, buffers: list, deadline: float | None = None, total: int | None = None
+) -> None:
+    """Send every byte of ``buffers`` (``total`` bytes, when the caller knows) with as few
+    ``sendmsg`` calls as the kernel allows."""
     if isinstance(sock, TlsStream):
         sock.send_all(buffers, deadline)
         return
@@ -400,7 +403,7 @@ def sendmsg_all(sock: socket.socket, buffers: list, deadline: float | None = Non
             raise PeerGone(f"peer closed the connection: {exc}") from None
         except OSError as exc:  # EBADF and kin: the socket was closed under us
             raise PeerGone(f"connection lost: {exc}") from None
-        if n == sum(map(len, buffers)):
+        if n == (sum(map(len, buffers)) if total is None else total):
             return
         _send_rest(sock, buffers, n, flags, deadline)
         return
@@ -440,7 +443,7 @@ def _send_rest(
 def send_encoded(sock: socket.socket, enc: EncodedMessage, deadline: float | None = None) -> None:
     """Send a whole encoded message (hashing each piece just before it goes)."""
     if enc.nbytes <= SEGMENT_BYTES:  # one batch: no segmenting to do
-        sendmsg_all(sock, enc.frames(), deadline)
+        sendmsg_all(sock, enc.frames(), deadline, enc.nbytes)
         return
     for batch in enc.segments():
         sendmsg_all(sock, batch, deadline)
@@ -542,7 +545,9 @@ class StreamReader:
                 else:
                     n = self.sock.recv_into(self._staging_view, 0, flags)
                     if n:
-                        stream.receive_data(self._staging_view[:n])
+                        msg = stream.receive_one(self._staging_view[:n])
+                        if msg is not None:
+                            return msg
             except BlockingIOError:
                 if flags or wake is not None:
                     wait_ready(self.sock, select.POLLIN, deadline, "receive")

@@ -423,6 +423,25 @@ class MessageStream:
             mv = mv[k:]
             self.advance(k)
 
+    def receive_one(self, data: memoryview) -> Message | None:
+        """:meth:`receive_data`, and the message itself when ``data`` is one whole message
+        that :func:`decode_known` reads, arriving where a message begins with none pending
+        (the small-message path: no queue); None otherwise (take them from :meth:`next_event`)."""
+        at_start = not self._events and self._phase == _PREFIX and self._pos == 0
+        if at_start and not self.broken and len(data) >= PREFIX_SIZE:
+            t_first = time.perf_counter()
+            known = decode_known(data, self.limits, self._out)
+            if known is not None:
+                msg, total = known
+                msg.recv_s = time.perf_counter() - t_first
+                self._out = None
+                if total == len(data):
+                    return msg
+                self._events.append(msg)
+                data = data[total:]
+        self.receive_data(data)
+        return None
+
     def _whole_message(self, mv: memoryview) -> int:
         """Decode a message that ``mv`` holds whole, in one pass (small messages: far fewer
         steps than the phase machine); return the bytes it took, or 0 to go byte by byte."""

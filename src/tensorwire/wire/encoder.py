@@ -112,10 +112,16 @@ class EncodedMessage:
     def frames(self) -> list[memoryview | bytes]:
         """The whole message as a flat list of buffers (head, data, digest, data, digest...)."""
         out: list[memoryview | bytes] = [self.head]
+        if not self.digests:
+            out += self.buffers
+            return out
+        cache = self._digest_cache
         for i, buf in enumerate(self.buffers):
+            d = cache[i]
+            if d is None:
+                d = cache[i] = _U64.pack(xxhash.xxh3_64_intdigest(buf))
             out.append(buf)
-            if self.digests:
-                out.append(self._digest(i))
+            out.append(d)
         return out
 
     def to_bytes(self) -> bytes:
