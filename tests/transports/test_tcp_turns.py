@@ -164,3 +164,45 @@ def test_channel_recv_deadline(hub, timeout):
 
 def test_linger_is_bounded():
     assert 0 < tcp.CALLER_LINGER_S <= 0.1
+
+
+def test_a_streams_sender_reads_its_acknowledgements_itself(hub):
+    """hub.send_many reads the client's acknowledgements on its own thread (no hand-off per
+    window); a data message the client sends mid-stream is kept, in order, for recv."""
+    with tensorwire.connect(hub.url, client_id="a") as ch:
+        hub.wait_for(1, timeout=T)
+        read_by = []
+        real = hub._read_acks
+
+        def spy(*args):
+            read_by.append(threading.current_thread().name)
+            return real(*args)
+
+        hub._read_acks = spy
+        got = []
+
+        def consume() -> None:
+            for batch in ch.stream(timeout=T):
+                got.append(batch.seq)
+                if batch.seq == 10:
+                    ch.send({"x": np.arange(3)}, meta={"mid": 1})
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        result = hub.send_many("a", ({"x": np.full(256, i)} for i in range(64)), window=4)
+        consumer.join(timeout=T)
+        assert result.batches == 64 and got == list(range(64))
+        assert read_by and set(read_by) == {threading.current_thread().name}
+        cid, msg = hub.recv(timeout=T)
+        assert (cid, msg.meta) == ("a", {"mid": 1})
+        np.testing.assert_array_equal(msg["x"], np.arange(3))
+
+
+def test_a_stream_whose_client_stops_reading_times_out_and_the_client_stays(hub):
+    with tensorwire.connect(hub.url, client_id="a") as ch:
+        hub.wait_for(1, timeout=T)
+        with pytest.raises(TransportTimeout):
+            hub.send_many("a", ({"x": np.zeros(16)} for _ in range(20)), window=2, timeout=0.5)
+        assert hub.clients == ["a"]
+        ch.send({"x": np.ones(2)})
+        assert hub.recv(timeout=T)[0] == "a"

@@ -880,7 +880,7 @@ class Hub(_Endpoint):
         Returns when the client's :meth:`Channel.stream` has consumed the last batch."""
 
         def wait_acked(sid: str, n: int, deadline: float | None) -> bool:
-            while not self._acks.wait(client_id, sid, n, _soon(deadline)):
+            while not self._await_ack(client_id, sid, n, _soon(deadline)):
                 with self._cond:
                     if client_id not in self._members:
                         raise PeerGone(self._not_connected(client_id))
@@ -908,6 +908,12 @@ class Hub(_Endpoint):
             timeout=timeout,
             peer=f"client {client_id!r}",
         )
+
+    def _await_ack(self, client_id: str, sid: str, n: int, deadline: float | None) -> bool:
+        """Wait until ``client_id`` has acknowledged ``n`` of stream ``sid``; False at the
+        deadline. Here the transport's reader delivers acknowledgements; a transport whose
+        caller can read the connection itself reads them in this call instead."""
+        return self._acks.wait(client_id, sid, n, deadline)
 
     def stream(
         self, client_id: str | None = None, *, timeout: float | None = None

@@ -538,7 +538,7 @@ class StreamReader:
                 assert wake is not None
                 self._wait(poller, wake, deadline)
             try:
-                if len(dst) >= STAGING_BYTES:
+                if len(dst) >= STAGING_BYTES or stream.reads_direct:
                     n = self.sock.recv_into(dst, 0, flags)
                     if n:
                         stream.advance(n)

@@ -417,6 +417,66 @@ class TcpHub(Hub):
         finally:
             peer.turn.release()
 
+    def _await_ack(self, client_id: str, sid: str, n: int, deadline: float | None) -> bool:
+        """A stream's sender reads the client's acknowledgements itself, as ``recv`` reads
+        messages (see the module doc): no hand-off from the reader thread per window."""
+        if self._acks.acked(client_id, sid) >= n:
+            return True
+        peer = self._peers.get(client_id)
+        if peer is None or not peer.turns or peer.wake_w is None:
+            return super()._await_ack(client_id, sid, n, deadline)
+        with self._turns:
+            if peer.ended is not None or self._stopping:
+                return super()._await_ack(client_id, sid, n, deadline)
+            peer.callers += 1
+            if peer.polling:
+                _wake(peer.wake_w)
+        try:
+            left = remaining(deadline)
+            if not peer.turn.acquire(timeout=-1 if left is None else left):
+                return self._acks.acked(client_id, sid) >= n
+            try:
+                return self._read_acks(peer, sid, n, deadline)
+            finally:
+                peer.turn.release()
+        finally:
+            with self._turns:
+                peer.callers -= 1
+                peer.callers_left_at = time.monotonic()
+                if peer.ended is not None:
+                    self._turns.notify_all()  # its reader thread says why it left
+
+    def _read_acks(self, peer: _Peer, sid: str, n: int, deadline: float | None) -> bool:
+        """Read ``peer``'s connection (turn held) until ``n`` of stream ``sid`` are
+        acknowledged (True), the deadline passes or the connection ends (False). Its other
+        messages are delivered as the reader thread would."""
+        reader, session = peer.reader, peer.session
+        assert reader is not None and session is not None
+        while self._acks.acked(peer.client_id, sid) < n:
+            if peer.ended is not None:
+                return False
+            try:
+                msg = reader.read_message(deadline)
+            except WireError as exc:
+                self._rejected(peer.client_id, exc)
+                if reader.stream.broken:
+                    self._end_turns(peer, f"sent bytes that are not a tensorwire message ({exc})")
+                continue
+            except TransportTimeout:
+                return False
+            except TransportError as exc:
+                self._end_turns(peer, str(exc))
+                return False
+            event = session.receive(msg)
+            if isinstance(event, Data):
+                self._delivered(peer.client_id, msg)
+            elif isinstance(event, Closed):
+                self._end_turns(peer, event.reason)
+                return False
+            else:
+                log.debug("tcp: %r: %s", peer.client_id, event)
+        return True
+
     def _end_turns(self, peer: _Peer, reason: str) -> None:
         """A ``recv`` found ``peer``'s connection over: its reader thread ends the session."""
         with self._turns:
