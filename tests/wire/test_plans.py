@@ -346,3 +346,30 @@ def test_receive_one_hands_back_a_lone_message_and_queues_the_rest() -> None:
     assert stream.pending == 1 and stream.in_message
     assert stream.receive_one(memoryview(data[30:])) is None  # the rest: not at a start
     assert stream.pending == 2
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"tw.stream": ["ab12", 3, 16, 2.5]},
+        {"note": b"\xa7tensors\x91\x86", "tensors": "x"},
+        {"ack": True},
+        {"nested": {"tensors": [1, 2]}, "s": "\xa7tensors"},
+    ],
+)
+@pytest.mark.parametrize("tensors", [{}, {"tensors": np.arange(3, dtype=np.uint8)}])
+def test_a_header_with_meta_splits_as_a_plain_unpack_says(meta: dict, tensors: dict) -> None:
+    data = encode_message(tensors, meta, t0=1.5).to_bytes()
+    for _ in range(2):  # validated, then found in the cache (by the search for its key)
+        doc = msgpack.unpackb(header_of(data))
+        for msg in (decode_message(data), _streamed(data)):
+            assert msg.meta == doc["meta"] == meta and msg.kind == "data" and msg.t0 == 1.5
+            assert msg.keys() == tensors.keys()
+            for name in tensors:
+                np.testing.assert_array_equal(msg[name], tensors[name])
+
+
+def _streamed(data: bytes):
+    stream = MessageStream()
+    got = stream.receive_one(memoryview(data))
+    return got if got is not None else stream.next_event()

@@ -201,7 +201,15 @@ def bench_transfer_cmd(
     )
 
     chosen = _transports_option(transports)
-    base = wrapped_libraries(chosen) if baselines == "auto" else _split(baselines)
+    if baselines == "auto":
+        base = wrapped_libraries(chosen)
+    else:
+        from tensorwire.bench.baselines import resolve
+
+        try:
+            base = [resolve(name) for name in _split(baselines)]
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--baselines") from None
     rows = bench_transfer(
         transports=chosen,
         baseline_modules=base,

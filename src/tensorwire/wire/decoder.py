@@ -297,7 +297,7 @@ def decode_known(
     known = known_header(header)
     if known is None:
         return None
-    kind, t0, _, table = known
+    kind, meta, t0, _, table = known
     names = table.flat_names
     digests = flags & FLAG_DIGESTS
     specs = table.specs
@@ -320,7 +320,7 @@ def decode_known(
         offset = end
     msg = Message(
         dict(zip(names, arrays, strict=True)),
-        {},
+        meta,
         kind,
         t0,
         table.nbytes,

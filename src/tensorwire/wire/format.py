@@ -306,12 +306,20 @@ def _unpack_header(header: bytes) -> dict[str, Any]:
 
 _KIND_AT = b"\x84\xa4kind"
 _META_EMPTY_TENSORS = b"\xa4meta\x80\xa7tensors"
+_META_KEY_AT = b"\xa4meta"
 
 
-def known_header(header: bytes) -> tuple[str, float, bytes, TensorTable] | None:
-    """``(kind, t0, tensors bytes, table)`` of the commonest header: a fixstr ``kind``, empty
-    ``meta``, a ``tensors`` array validated before and a float 64 ``t0``; None for any other
-    (or a table these limits may refuse: the caller checks ``table.fits``)."""
+def known_header(header: bytes) -> tuple[str, dict[str, Any], float, bytes, TensorTable] | None:
+    """``(kind, meta, t0, tensors bytes, table)`` of a header laid out as the reference encoder
+    writes it with a fixstr ``kind``, a ``tensors`` array validated before and a float 64
+    ``t0``; None for any other (or a table these limits may refuse: the caller checks
+    ``table.fits``). An empty ``meta`` is recognised by its bytes; another is unpacked.
+
+    Why a split found by searching is the header's parse: msgpack values carry their own
+    lengths, and a cached array is exactly one value; so if ``meta``'s bytes unpack as
+    exactly one value too, the header is exactly those four pairs, wherever in it the
+    search found the ``tensors`` key.
+    """
     if not header.startswith(_KIND_AT) or len(header) < 21:
         return None
     code = header[6]
@@ -319,17 +327,35 @@ def known_header(header: bytes) -> tuple[str, float, bytes, TensorTable] | None:
         return None
     start = 7 + (code & 0x1F)
     end = len(header)
-    if header[start : start + 14] != _META_EMPTY_TENSORS or header[end - 12 : end - 8] != _T0_TAIL:
+    if header[end - 12 : end - 8] != _T0_TAIL:
         return None
-    span = header[start + 14 : end - 12]
-    table = TENSOR_TABLES.get(span)  # cached: exactly one valid array, so the split is right
-    if table is None:
+    if header[start : start + 14] == _META_EMPTY_TENSORS:
+        meta: Any = {}
+        span = header[start + 14 : end - 12]
+        table = TENSOR_TABLES.get(span)  # cached: exactly one valid array, so the split is right
+        if table is None:
+            return None
+    elif header[start : start + 5] == _META_KEY_AT:
+        pos = header.rfind(_TENSORS_KEY_AT, start + 6, end - 12)
+        if pos < 0:
+            return None
+        span = header[pos + 8 : end - 12]
+        table = TENSOR_TABLES.get(span)
+        if table is None:
+            return None
+        try:
+            meta = msgpack.unpackb(header[start + 5 : pos])
+        except Exception:  # not exactly one value: not this split
+            return None
+        if type(meta) is not dict:
+            return None
+    else:
         return None
     try:
         kind = header[7:start].decode()
     except UnicodeDecodeError:
         return None
-    return kind, _F64.unpack_from(header, end - 8)[0], span, table
+    return kind, meta, _F64.unpack_from(header, end - 8)[0], span, table
 
 
 def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any] | None:
@@ -337,8 +363,8 @@ def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any
     known = known_header(header)
     if known is None:
         return None
-    kind, t0, span, table = known
-    return {"kind": kind, "meta": {}, "t0": t0}, span, table, _CACHED
+    kind, meta, t0, span, table = known
+    return {"kind": kind, "meta": meta, "t0": t0}, span, table, _CACHED
 
 
 def _split_header(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable | None, Any] | None:

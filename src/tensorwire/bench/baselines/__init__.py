@@ -14,9 +14,30 @@ A baseline is a module here with:
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from types import ModuleType
+
+MODULES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
+"""Every baseline module here, by module name."""
 
 
 def load(module: str) -> ModuleType:
     """The baseline module ``tensorwire.bench.baselines.<module>``."""
     return importlib.import_module(f"{__name__}.{module}")
+
+
+def resolve(name: str) -> str:
+    """The module of the baseline called ``name`` (its module name or its table label, e.g.
+    ``socket`` or ``raw-socket``); ``ValueError`` naming the choices if there is none."""
+    if name in MODULES:
+        return name
+    labels = {}
+    for module in MODULES:
+        try:
+            labels[load(module).NAME] = module
+        except ImportError:  # its library is not installed: it cannot be the one meant
+            continue
+    if name in labels:
+        return labels[name]
+    choices = ", ".join(f"{m} ({label})" for label, m in sorted(labels.items()))
+    raise ValueError(f"no baseline {name!r}; choose from: {choices}")
