@@ -138,3 +138,11 @@ def test_help_lists_the_protocols_and_says_lists_are_comma_separated():
 def test_python_m_and_the_script_are_the_same_command():
     assert Path(sys.executable).with_name("tensorwire").exists()
     assert tensorwire("--version").stdout.startswith("tensorwire ")
+
+
+def test_an_unknown_transfer_baseline_is_refused_with_the_choices(tmp_path):
+    done = tensorwire("bench", "transfer", "--baselines", "pyzmq,nope", "--out", str(tmp_path))
+    said = " ".join((done.stdout + done.stderr).replace("│", " ").split())
+    assert done.returncode == 2, said
+    assert "no baseline 'nope'; choose from:" in said and "socket (raw-socket)" in said
+    assert "Traceback" not in said and "a bug?" not in said
