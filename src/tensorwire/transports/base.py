@@ -880,6 +880,8 @@ class Hub(_Endpoint):
         Returns when the client's :meth:`Channel.stream` has consumed the last batch."""
 
         def wait_acked(sid: str, n: int, deadline: float | None) -> bool:
+            if self._acks.acked(client_id, sid) >= n:  # the window is open: nothing to wait
+                return True
             while not self._await_ack(client_id, sid, n, _soon(deadline)):
                 with self._cond:
                     if client_id not in self._members:

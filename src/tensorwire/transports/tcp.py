@@ -492,8 +492,7 @@ class TcpHub(Hub):
         return reason
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
-        with self._lock:
-            peer = self._peers.get(client_id)
+        peer = self._peers.get(client_id)  # one dict lookup: atomic, no lock
         if peer is None:
             raise PeerGone(f"client {client_id!r} is not connected")
         with peer.send_lock:

@@ -218,6 +218,16 @@ def assemble_header(kind: str, meta: dict[str, Any], t0: float | None, tensors: 
 
 def _check_str_keys(obj: Any, where: str) -> None:
     """Decoders accept only string map keys (msgpack's strict_map_key): refuse others here."""
+    if type(obj) is dict:  # the common meta: str keys to scalars or lists of scalars
+        for key, value in obj.items():
+            kind = type(value)
+            if type(key) is not str or (
+                kind not in _SCALARS
+                and not (kind in _SEQUENCES and all(type(v) in _SCALARS for v in value))
+            ):
+                break
+        else:
+            return
     if isinstance(obj, dict):
         for key, value in obj.items():
             if not isinstance(key, str):
@@ -231,6 +241,8 @@ def _check_str_keys(obj: Any, where: str) -> None:
 
 
 _CONTAINERS = (dict, list, tuple)
+_SEQUENCES = frozenset((list, tuple))
+_SCALARS = frozenset((str, int, float, bool, bytes, type(None)))
 
 
 def verify_header(data: bytes | memoryview, prefix: Prefix) -> None:
