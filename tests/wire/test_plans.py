@@ -373,3 +373,14 @@ def _streamed(data: bytes):
     stream = MessageStream()
     got = stream.receive_one(memoryview(data))
     return got if got is not None else stream.next_event()
+
+
+def test_the_flat_shape_index_stays_bounded_whatever_is_sent() -> None:
+    from tensorwire.wire import encoder
+
+    for n in range(1, 400):  # ever new shapes, as a sender of odd sizes would make
+        x = np.zeros(n, np.uint8)
+        for _ in range(2):
+            back = decode_message(encode_message({"x": x}).to_bytes())
+            assert back["x"].shape == (n,)
+    assert len(encoder._FLAT_PLANS) <= encoder._MAX_FLAT_PLANS

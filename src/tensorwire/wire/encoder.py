@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -167,13 +168,15 @@ def _remember_flat(key: ShapeKey, plan: EncodePlan) -> None:
         if dtype.kind not in _BUFFER_KINDS or not math.prod(shape):
             return
         flat_key.append((path[0], dtype, shape))
-    if len(_FLAT_PLANS) >= _MAX_FLAT_PLANS:
-        _FLAT_PLANS.pop(next(iter(_FLAT_PLANS)), None)
-    _FLAT_PLANS[tuple(flat_key)] = plan
+    with _FLAT_LOCK:  # lookups take no lock; evicting iterates, which another insert breaks
+        if len(_FLAT_PLANS) >= _MAX_FLAT_PLANS:
+            _FLAT_PLANS.pop(next(iter(_FLAT_PLANS)), None)
+        _FLAT_PLANS[tuple(flat_key)] = plan
 
 
 _FLAT_PLANS: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], EncodePlan] = {}
 _MAX_FLAT_PLANS = 256
+_FLAT_LOCK = threading.Lock()
 
 
 def _leaves(tensors: Mapping[str, Any]) -> tuple[list[np.ndarray], ShapeKey]:
