@@ -31,11 +31,18 @@ def _until(cond, timeout=T) -> bool:
     return True
 
 
+def _ready(hub, n=1) -> None:
+    """``n`` clients joined, and their reader threads take turns: a ``recv`` that starts
+    earlier reads through the inbox for the whole call (on_join runs first)."""
+    hub.wait_for(n, timeout=T)
+    assert _until(lambda: all(p.turns for p in list(hub._peers.values())))
+
+
 def test_recv_reads_the_one_connection_itself(hub):
     """Ping-pong with one client: the messages are read by the thread in recv, in order,
     back-to-back ones included, and the reader thread stays out of the way."""
     with tensorwire.connect(hub.url, client_id="a") as ch:
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         read_by = []
         real = hub._read_for_caller
 
@@ -60,7 +67,7 @@ def test_recv_reads_the_one_connection_itself(hub):
 
 def test_gather_after_recv_is_served_by_the_reader_thread(hub):
     with tensorwire.connect(hub.url, client_id="a") as ch:
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         ch.send({"x": np.arange(3)})
         hub.recv(timeout=T)
         ch.send({"x": np.arange(4)})
@@ -73,7 +80,7 @@ def test_gather_after_recv_is_served_by_the_reader_thread(hub):
 def test_a_second_client_wakes_a_recv_reading_the_first(hub):
     """A recv reading client a's connection returns client b's message as soon as it comes."""
     with tensorwire.connect(hub.url, client_id="a"):
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         result = {}
 
         def receive():
@@ -95,7 +102,7 @@ def test_a_client_that_leaves_while_recv_reads_is_gone(hub):
     left = []
     hub.on_leave = lambda cid, reason: left.append(cid)
     ch = tensorwire.connect(hub.url, client_id="a")
-    hub.wait_for(1, timeout=T)
+    _ready(hub)
     errors = []
 
     def receive():
@@ -115,7 +122,7 @@ def test_a_client_that_leaves_while_recv_reads_is_gone(hub):
 
 def test_recv_deadline_with_one_quiet_client(hub):
     with tensorwire.connect(hub.url, client_id="a") as ch:
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         t = time.monotonic()
         with pytest.raises(TransportTimeout):
             hub.recv(timeout=0.3)
@@ -126,7 +133,7 @@ def test_recv_deadline_with_one_quiet_client(hub):
 
 def test_close_while_recv_reads(hub):
     ch = tensorwire.connect(hub.url, client_id="a")
-    hub.wait_for(1, timeout=T)
+    _ready(hub)
     errors = []
 
     def receive():
@@ -150,7 +157,7 @@ def test_channel_recv_deadline(hub, timeout):
     """Short waits go to poll, longer ones block in recv under SO_RCVTIMEO; both end on time
     and leave the channel usable."""
     with tensorwire.connect(hub.url, client_id="a") as ch:
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         for _ in range(2):
             t = time.monotonic()
             with pytest.raises(TransportTimeout):
@@ -170,7 +177,7 @@ def test_a_streams_sender_reads_its_acknowledgements_itself(hub):
     """hub.send_many reads the client's acknowledgements on its own thread (no hand-off per
     window); a data message the client sends mid-stream is kept, in order, for recv."""
     with tensorwire.connect(hub.url, client_id="a") as ch:
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         read_by = []
         real = hub._read_acks
 
@@ -200,7 +207,7 @@ def test_a_streams_sender_reads_its_acknowledgements_itself(hub):
 
 def test_a_stream_whose_client_stops_reading_times_out_and_the_client_stays(hub):
     with tensorwire.connect(hub.url, client_id="a") as ch:
-        hub.wait_for(1, timeout=T)
+        _ready(hub)
         with pytest.raises(TransportTimeout):
             hub.send_many("a", ({"x": np.zeros(16)} for _ in range(20)), window=2, timeout=0.5)
         assert hub.clients == ["a"]
