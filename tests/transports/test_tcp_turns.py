@@ -179,13 +179,13 @@ def test_a_streams_sender_reads_its_acknowledgements_itself(hub):
     with tensorwire.connect(hub.url, client_id="a") as ch:
         _ready(hub)
         read_by = []
-        real = hub._read_acks
+        real = hub._turn_read
 
         def spy(*args):
             read_by.append(threading.current_thread().name)
             return real(*args)
 
-        hub._read_acks = spy
+        hub._turn_read = spy  # reads in a turn: by recv or by a stream's sender
         got = []
 
         def consume() -> None:

@@ -348,24 +348,12 @@ class TcpHub(Hub):
         deadline = deadline_after(timeout)
         peers = list(self._peers.values())  # one step under the GIL: no lock needed
         peer = peers[0] if len(peers) == 1 else None
-        if peer is None or not peer.turns or peer.wake_w is None:
+        if peer is None or not self._step_in(peer, reads=True):
             return super().recv(timeout)
-        with self._turns:
-            if peer.ended is not None or self._stopping:
-                return super().recv(timeout)
-            peer.callers += 1
-            self._callers_reading += 1  # from here: a message delivered elsewhere wakes it
-            if peer.polling:
-                _wake(peer.wake_w)
         try:
             got = self._read_for_caller(peer, deadline, timeout)
         finally:
-            with self._turns:
-                peer.callers -= 1
-                self._callers_reading -= 1
-                peer.callers_left_at = time.monotonic()
-                if peer.ended is not None:
-                    self._turns.notify_all()  # its reader thread says why it left
+            self._step_out(peer, reads=True)
         if got is not None:
             return got
         left = remaining(deadline)
@@ -380,8 +368,6 @@ class TcpHub(Hub):
         if not peer.turn.acquire(timeout=-1 if left is None else left):
             return None
         try:
-            reader, session = peer.reader, peer.session
-            assert reader is not None and session is not None
             while True:
                 if self._inbox:  # a look without the lock; taken under it
                     with self._cond:
@@ -390,92 +376,98 @@ class TcpHub(Hub):
                 if self._closed or peer.ended is not None:
                     return None
                 try:
-                    msg = reader.read_message(deadline, wake=self._caller_wake_r)
+                    msg = self._turn_read(peer, deadline, self._caller_wake_r)
                 except ReadInterrupted:
                     continue  # another client's message may be in the inbox
-                except WireError as exc:
-                    self._rejected(peer.client_id, exc)
-                    if reader.stream.broken:
-                        self._end_turns(
-                            peer, f"sent bytes that are not a tensorwire message ({exc})"
-                        )
-                    continue
                 except TransportTimeout:
                     raise TransportTimeout(f"no message within {timeout} s") from None
-                except TransportError as exc:
-                    self._end_turns(peer, str(exc))
-                    continue
-                event = session.receive(msg)
-                if isinstance(event, Data):
-                    got = self._take_delivered(peer.client_id, msg)
-                    if got is not None:
-                        return got
-                elif isinstance(event, Closed):
-                    self._end_turns(peer, event.reason)
-                else:
-                    log.debug("tcp: %r: %s", peer.client_id, event)
+                if msg is not None and (got := self._take_delivered(peer.client_id, msg)):
+                    return got
         finally:
             peer.turn.release()
 
+    def _step_in(self, peer: _Peer, reads: bool) -> bool:
+        """Count this thread among ``peer``'s callers, so its reader thread steps aside (and
+        among the hub's ``reads``: another client's message then wakes it); False if the
+        connection does not take turns, or is over."""
+        if not peer.turns or peer.wake_w is None:
+            return False
+        with self._turns:
+            if peer.ended is not None or self._stopping:
+                return False
+            peer.callers += 1
+            self._callers_reading += reads
+            if peer.polling:
+                _wake(peer.wake_w)
+        return True
+
+    def _step_out(self, peer: _Peer, reads: bool) -> None:
+        """Undo :meth:`_step_in`; the reader thread comes back after the linger."""
+        with self._turns:
+            peer.callers -= 1
+            self._callers_reading -= reads
+            peer.callers_left_at = time.monotonic()
+            if peer.ended is not None:
+                self._turns.notify_all()  # its reader thread says why it left
+
+    def _turn_read(
+        self, peer: _Peer, deadline: float | None, wake: socket.socket | None = None
+    ) -> Message | None:
+        """Read ``peer``'s next message in its turn: a data message, or None when the read
+        brought something else (a bad message, a control message, the connection's end,
+        after which ``peer.ended`` says why). Raises ``TransportTimeout`` at the deadline and
+        ``ReadInterrupted`` when ``wake`` wakes it."""
+        reader, session = peer.reader, peer.session
+        assert reader is not None and session is not None
+        try:
+            msg = reader.read_message(deadline, wake=wake)
+        except (ReadInterrupted, TransportTimeout):
+            raise
+        except WireError as exc:
+            self._rejected(peer.client_id, exc)
+            if reader.stream.broken:
+                self._end_turns(peer, f"sent bytes that are not a tensorwire message ({exc})")
+            return None
+        except TransportError as exc:
+            self._end_turns(peer, str(exc))
+            return None
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            return msg
+        if isinstance(event, Closed):
+            self._end_turns(peer, event.reason)
+        else:
+            log.debug("tcp: %r: %s", peer.client_id, event)
+        return None
+
     def _await_ack(self, client_id: str, sid: str, n: int, deadline: float | None) -> bool:
         """A stream's sender reads the client's acknowledgements itself, as ``recv`` reads
-        messages (see the module doc): no hand-off from the reader thread per window."""
+        messages (see the module doc): no hand-off from the reader thread per window. Other
+        messages it meets are delivered as the reader thread would."""
         if self._acks.acked(client_id, sid) >= n:
             return True
         peer = self._peers.get(client_id)
-        if peer is None or not peer.turns or peer.wake_w is None:
+        if peer is None or not self._step_in(peer, reads=False):
             return super()._await_ack(client_id, sid, n, deadline)
-        with self._turns:
-            if peer.ended is not None or self._stopping:
-                return super()._await_ack(client_id, sid, n, deadline)
-            peer.callers += 1
-            if peer.polling:
-                _wake(peer.wake_w)
         try:
             left = remaining(deadline)
             if not peer.turn.acquire(timeout=-1 if left is None else left):
                 return self._acks.acked(client_id, sid) >= n
             try:
-                return self._read_acks(peer, sid, n, deadline)
+                while self._acks.acked(client_id, sid) < n:
+                    if peer.ended is not None:
+                        return False
+                    try:
+                        msg = self._turn_read(peer, deadline)
+                    except TransportTimeout:
+                        return False
+                    if msg is not None:
+                        self._delivered(client_id, msg)
+                return True
             finally:
                 peer.turn.release()
         finally:
-            with self._turns:
-                peer.callers -= 1
-                peer.callers_left_at = time.monotonic()
-                if peer.ended is not None:
-                    self._turns.notify_all()  # its reader thread says why it left
-
-    def _read_acks(self, peer: _Peer, sid: str, n: int, deadline: float | None) -> bool:
-        """Read ``peer``'s connection (turn held) until ``n`` of stream ``sid`` are
-        acknowledged (True), the deadline passes or the connection ends (False). Its other
-        messages are delivered as the reader thread would."""
-        reader, session = peer.reader, peer.session
-        assert reader is not None and session is not None
-        while self._acks.acked(peer.client_id, sid) < n:
-            if peer.ended is not None:
-                return False
-            try:
-                msg = reader.read_message(deadline)
-            except WireError as exc:
-                self._rejected(peer.client_id, exc)
-                if reader.stream.broken:
-                    self._end_turns(peer, f"sent bytes that are not a tensorwire message ({exc})")
-                continue
-            except TransportTimeout:
-                return False
-            except TransportError as exc:
-                self._end_turns(peer, str(exc))
-                return False
-            event = session.receive(msg)
-            if isinstance(event, Data):
-                self._delivered(peer.client_id, msg)
-            elif isinstance(event, Closed):
-                self._end_turns(peer, event.reason)
-                return False
-            else:
-                log.debug("tcp: %r: %s", peer.client_id, event)
-        return True
+            self._step_out(peer, reads=False)
 
     def _end_turns(self, peer: _Peer, reason: str) -> None:
         """A ``recv`` found ``peer``'s connection over: its reader thread ends the session."""
