@@ -426,13 +426,15 @@ class MessageStream:
         if self._pos == len(self._dst):
             self._step()
 
-    def receive_data(self, data: Any) -> None:
-        """Copy ``data`` (bytes-like) into the stream; may complete one or more messages."""
+    def receive_data(self, data: Any, *, known_tried: bool = False) -> None:
+        """Copy ``data`` (bytes-like) into the stream; may complete one or more messages.
+        ``known_tried``: :func:`decode_known` already declined the message ``data`` starts."""
         mv = _as_byte_view(data)
         while len(mv):
             self._check_usable()
             if self._phase == _PREFIX and self._pos == 0 and len(mv) >= PREFIX_SIZE:
-                taken = self._whole_message(mv)
+                taken = self._whole_message(mv, try_known=not known_tried)
+                known_tried = False
                 if taken:
                     mv = mv[taken:]
                     continue
@@ -449,22 +451,25 @@ class MessageStream:
         if at_start and not self.broken and len(data) >= PREFIX_SIZE:
             t_first = time.perf_counter()
             known = decode_known(data, self.limits, self._out)
-            if known is not None:
-                msg, total = known
-                msg.recv_s = time.perf_counter() - t_first
-                self._out = None
-                if total == len(data):
-                    return msg
-                self._events.append(msg)
-                data = data[total:]
+            if known is None:
+                self.receive_data(data, known_tried=True)  # not asked twice
+                return None
+            msg, total = known
+            msg.recv_s = time.perf_counter() - t_first
+            self._out = None
+            if total == len(data):
+                return msg
+            self._events.append(msg)
+            data = data[total:]
         self.receive_data(data)
         return None
 
-    def _whole_message(self, mv: memoryview) -> int:
+    def _whole_message(self, mv: memoryview, try_known: bool = True) -> int:
         """Decode a message that ``mv`` holds whole, in one pass (small messages: far fewer
-        steps than the phase machine); return the bytes it took, or 0 to go byte by byte."""
+        steps than the phase machine); return the bytes it took, or 0 to go byte by byte.
+        ``try_known``: try :func:`decode_known` first (unless it declined this one already)."""
         t_first = time.perf_counter()
-        known = decode_known(mv, self.limits, self._out)
+        known = decode_known(mv, self.limits, self._out) if try_known else None
         if known is not None:
             msg, total = known
             msg.recv_s = time.perf_counter() - t_first
