@@ -512,7 +512,13 @@ class _Reassembler:
             ]
         step = self._stream.max_read
         try:
-            for view in (head[1:], *(f.buffer for f in frames[1:])):
+            views = (head[1:], *(f.buffer for f in frames[1:]))
+            if len(frames) == 1 and marker == START:  # most likely a whole small message
+                msg = self._stream.receive_one(head[1:])
+                if msg is not None:
+                    return [msg]
+                views = ()  # the stream took it: its messages wait there
+            for view in views:
                 for start in range(0, len(view), step):
                     self._stream.receive_data(view[start : start + step])
         except WireError as exc:  # framing lost: drop this message, resume at the next START
@@ -1047,9 +1053,27 @@ class ZmqHub(Hub):
         return results
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
+        if enc.nbytes < _COPY_BYTES and self._queue_small(client_id, enc):
+            return
         result = self._deliver([client_id], enc, deadline)[client_id]
         if isinstance(result, Exception):
             raise result
+
+    def _queue_small(self, client_id: str, enc: EncodedMessage) -> bool:
+        """Queue a message that goes as one copied frame, if the client's queue has room: no
+        trackers to wait on, nothing to share. False to leave it to :meth:`_deliver`, which
+        also says why a send fails."""
+        piece = next(_pieces(enc))
+        with self._lock:
+            ident = None if self._stopping else self._route.get(client_id)
+            if ident is None:
+                return False
+            try:
+                return _queue_piece(self._router, piece, [], ident)
+            except zmq.ZMQError:  # a gone client fails the first frame, before anything is queued
+                return False
+            finally:
+                self._check_readable()
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
