@@ -1,11 +1,13 @@
 """tensorwire.transports.brokers.mosquitto: probe (in clear and over TLS), private broker lifecycle
-(restarts, persistence, TLS listeners and users included), ensure_mosquitto."""
+(restarts, persistence, TLS listeners and users included, its owner killed), ensure_mosquitto."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -268,3 +270,30 @@ def test_the_probe_tells_a_tls_broker_from_a_tls_server_that_is_not_one(certs):
         t.start()
         assert not mosquitto_answers("127.0.0.1", server.getsockname()[1], timeout=2)
         t.join(T)
+
+
+def test_a_private_broker_ends_when_the_process_that_started_it_is_killed():
+    """SIGKILL gives its owner no chance to stop it: the broker's reaper does, and removes
+    its directory."""
+    code = (
+        "from tensorwire.transports.brokers.mosquitto import MosquittoBroker; import time\n"
+        "b = MosquittoBroker().start(); print(b.pid, b.dir, flush=True); time.sleep(120)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    try:
+        pid_text, directory = owner.stdout.readline().split()
+        pid = int(pid_text)
+        assert _alive(pid) and os.path.isdir(directory)
+    finally:
+        owner.kill()
+        owner.wait(timeout=T)
+    deadline = time.monotonic() + T
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, 9)
+        pytest.fail(f"the broker outlived its killed owner by {T} s")
+    while os.path.exists(directory) and time.monotonic() < deadline:
+        time.sleep(0.05)  # removed right after the broker ended
+    assert not os.path.exists(directory), "the killed owner's broker directory stayed"

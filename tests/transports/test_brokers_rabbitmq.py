@@ -1,12 +1,14 @@
 """tensorwire.transports.brokers.rabbitmq: probing, a private node's whole life and restart,
-missing binary."""
+its owner killed, missing binary."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -228,3 +230,37 @@ def test_ensure_cannot_start_an_amqps_broker_without_a_certificate():
     ):
         pass
     assert "hunter2" not in str(info.value)
+
+
+def test_a_private_node_ends_when_the_process_that_started_it_is_killed():
+    """SIGKILL gives its owner no chance to stop the node: its reapers end the node's process
+    group and its epmd, and remove its directory."""
+    try:
+        find_rabbitmq()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    code = (
+        "from tensorwire.transports.brokers import RabbitMQBroker; import time\n"
+        "b = RabbitMQBroker().start(); print(b.node, b.dir, flush=True); time.sleep(300)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    try:
+        line = owner.stdout.readline().split()
+        assert len(line) == 2, "the owner did not start its node"
+        node, directory = line
+        assert _processes_of_node(node) and Path(directory).is_dir()
+    finally:
+        owner.kill()
+        owner.wait(timeout=T)
+    deadline = time.monotonic() + T
+    while _processes_of_node(node) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _processes_of_node(node)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    assert not left, f"processes of the node outlived its killed owner by {T} s: {left}"
+    while Path(directory).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # removed right after the node ended
+    assert not Path(directory).exists(), "the killed owner's node directory stayed"

@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 
 import tensorwire
+from tensorwire._lifeline import watch_parent
 from tensorwire.cli.console import console, err_console
 from tensorwire.cli.fl import fl_app
 from tensorwire.errors import TensorwireError, UnknownScheme
@@ -374,7 +375,7 @@ def bench_codec_cmd(
     auto = bench_auto_incompressible(repeat)
     print_table(
         [auto],
-        "auto on np.random.random((4096, 4096))",
+        "auto on np.random.random((4096, 4096)), interleaved with raw, medians",
         [
             "codec",
             "select_ms",
@@ -895,6 +896,7 @@ def _one_line(exc: BaseException) -> str:
 
 def main() -> None:
     """The ``tensorwire`` command: an error is one line (the traceback with --debug)."""
+    watch_parent()  # started by a testbed: end with the process that started us
     try:
         app()
     except Exception as exc:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tensorwire._lifeline import child_options
 from tensorwire.testbed import _cleanup
 from tensorwire.testbed.capabilities import Capabilities, probe_capabilities
 from tensorwire.testbed.counters import Counters
@@ -111,9 +112,11 @@ class BaseTestbed:
         """Start ``argv`` as a separate process inside ``node`` (keywords go to Popen).
 
         The process gets its own session (so its children can be signalled together) and is
-        stopped when the testbed closes, if it has not ended by then."""
+        stopped when the testbed closes, if it has not ended by then. It also gets this
+        process's lifeline (:mod:`tensorwire._lifeline`): a ``tensorwire`` command ends by
+        itself if this process dies without closing the testbed (SIGKILL)."""
         kw.setdefault("start_new_session", True)
-        proc = subprocess.Popen(self.command(node, argv), **kw)
+        proc = subprocess.Popen(self.command(node, argv), **child_options(kw))
         self._processes.append(proc)
         return proc
 

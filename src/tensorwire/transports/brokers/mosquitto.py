@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.readiness import wait_answering
 from tensorwire.transports.security import TLS
@@ -220,6 +221,7 @@ class MosquittoBroker:
         self.startup_timeout = startup_timeout
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: Reaper | None = None  # ends the broker if this process is killed
 
     @property
     def pid(self) -> int | None:
@@ -306,6 +308,7 @@ class MosquittoBroker:
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
             )
+        self._reaper = Reaper(self._proc, remove=self.dir)
         target = f"{self.host}:{self.port}"
         if not wait_answering(
             self._proc, "mqtt", target, self.startup_timeout, self.command_prefix
@@ -330,6 +333,9 @@ class MosquittoBroker:
                 self._proc.kill()
                 self._proc.wait(timeout=5)
             self._proc = None
+        if self._reaper is not None:
+            self._reaper.stop()
+            self._reaper = None
 
     def stop(self) -> None:
         """End the broker process and remove its directory."""

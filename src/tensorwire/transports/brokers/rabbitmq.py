@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.readiness import wait_answering
 from tensorwire.transports.security import TLS, split_security_options
@@ -181,6 +182,8 @@ class RabbitMQBroker:
         self._lock = threading.Lock()  # restart() and stop() one at a time
         self._proc: subprocess.Popen[bytes] | None = None
         self._epmd: subprocess.Popen[bytes] | None = None
+        # They end the node's process group and epmd if this process is killed:
+        self._reapers: dict[str, Reaper] = {}
 
     @property
     def pid(self) -> int | None:
@@ -328,6 +331,7 @@ class RabbitMQBroker:
                 stderr=subprocess.STDOUT,
                 env=self._env,
             )
+        self._reapers["epmd"] = Reaper(self._epmd)
         self._launch()
         return self
 
@@ -345,6 +349,7 @@ class RabbitMQBroker:
                 env=self._env,
                 start_new_session=True,  # its own process group: stop() can end all of it
             )
+        self._reapers["node"] = Reaper(self._proc, group=True, remove=self.dir)
         if not wait_answering(
             self._proc, "amqp", self._probe_url(), self.startup_timeout, self.command_prefix
         ):
@@ -424,6 +429,8 @@ class RabbitMQBroker:
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+        if reaper := self._reapers.pop("node", None):
+            reaper.stop()
 
     def stop(self) -> None:
         """Stop the node (SIGTERM, then kill), end its epmd, remove its directory."""
@@ -440,6 +447,8 @@ class RabbitMQBroker:
                 self._epmd.kill()
                 self._epmd.wait(timeout=5)
             self._epmd = None
+        if reaper := self._reapers.pop("epmd", None):
+            reaper.stop()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
