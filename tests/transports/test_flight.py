@@ -173,7 +173,9 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
     with pytest.raises(AuthenticationError, match="no token"):
         tensorwire.connect(hub.url, client_id="c", timeout=T)
     assert _until(lambda: any(e.kind == "refused" for e in hub.events))  # reported after it answers
-    assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]
+    assert _until(lambda: hub._handshakes == 0)  # the uplink, opened beside the hello, ended too
+    assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]  # one attempt, once
+    assert "no token" in hub.events[0].reason
 
 
 def test_an_uplink_naming_no_session_is_refused_when_it_hangs_up(hub):

@@ -38,6 +38,7 @@ against the hello's client id. ``key=`` / ``auth=`` add the session's secret pro
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -328,6 +329,8 @@ class FlightHub(Hub):
         self._peers: dict[str, _Peer] = {}  # members, by client id
         self._pending: dict[str, _Peer] = {}  # sessions waiting for their uplink, by id
         self._handshakes = 0  # calls waiting for their session's other call
+        # ids of the latest refused hellos: their uplinks, ending, are the same refusal
+        self._refused_ids: collections.deque[str] = collections.deque(maxlen=MAX_HANDSHAKES)
         self._sessions = threading.Condition()  # guards the above and _closing
         self._closing = False
         self._server = _Server(self, _location(host, port, self.tls), **tls)
@@ -380,11 +383,13 @@ class FlightHub(Hub):
         and gives None."""
         tls_name = _tls_name(context)
         session = HubSession(**self._session_options(), tls_name=tls_name)
+        msg = None
         try:
             if tls_name is None and self.tls is not None and self.tls.mutual:
                 # gRPC verified a certificate with no name: nothing to hold the hello's id to
                 raise AuthenticationError("the client certificate names no one (no CN or SAN)")
-            session.receive(_control(command, HELLO_LIMITS))
+            msg = _control(command, HELLO_LIMITS)
+            session.receive(msg)
             hello = session.hello
             assert hello is not None
             with self._sessions:
@@ -397,6 +402,10 @@ class FlightHub(Hub):
                 self._sessions.notify_all()
             return peer
         except SessionRefused as exc:
+            sid = None if msg is None else msg.meta.get("session")
+            if isinstance(sid, str):  # before the answer: the client hangs up its uplink after
+                with self._sessions:
+                    self._refused_ids.append(sid)
             with contextlib.suppress(*FLIGHT_ERRORS):  # it hung up already
                 writer.begin(SCHEMA)
                 writer.write_metadata(session.refusal(exc).to_bytes())
@@ -452,7 +461,9 @@ class FlightHub(Hub):
                 peer.attached = True
                 self._sessions.notify_all()
         if peer is None:
-            if admitted and not self._closing:
+            with self._sessions:
+                answered = session in self._refused_ids  # its hello's refusal was reported
+            if admitted and not self._closing and not answered:
                 self._refused(who, TransportError(f"uplink for no opening session {session!r}"))
             return
         if self._admit(peer):
