@@ -10,7 +10,9 @@ returns end-of-file when the last write end closes, which the kernel does when t
 dies, and the child then sends itself SIGTERM (its own clean-up runs, as for any SIGTERM).
 
 Programs that cannot watch it (a private broker) get a :class:`Reaper`: a small process that
-watches it for them and ends them.
+watches it for them and ends them. What no process of ours holds (a testbed's named network
+namespaces) gets an :class:`AfterDeath`: a small process that runs a clean-up command once
+this process is gone.
 
 Standard library only: every ``tensorwire`` command imports it, and a testbed.
 """
@@ -152,6 +154,46 @@ class Reaper:
 
     def stop(self) -> None:
         """End the reaper (its target was stopped here)."""
+        if self._helper is not None:
+            self._helper.kill()
+            self._helper.wait()
+            self._helper = None
+
+
+_AFTER_DEATH = """
+import os, sys
+try:
+    while os.read(int(sys.argv[1]), 64):
+        pass
+except OSError:
+    pass
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class AfterDeath:
+    """A small process that runs ``argv`` (``argv[0]`` a path) if this process dies before
+    calling :meth:`stop`: the clean-up of what outlives a SIGKILLed owner and no
+    process of its own holds (a testbed's named namespaces). It waits on the lifeline, so it
+    costs nothing while this process lives."""
+
+    def __init__(self, argv: list[str]) -> None:
+        lifeline = _read_end()
+        self._helper: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _AFTER_DEATH, str(lifeline), *argv],
+            pass_fds=(lifeline,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to our terminal leaves it be: we clean up
+        )
+
+    @property
+    def active(self) -> bool:
+        return self._helper is not None and self._helper.poll() is None
+
+    def stop(self) -> None:
+        """End it without running ``argv`` (this process cleaned up itself)."""
         if self._helper is not None:
             self._helper.kill()
             self._helper.wait()

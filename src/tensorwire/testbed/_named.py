@@ -4,7 +4,9 @@ those a crashed run left behind.
 Every name starts with the testbed's prefix (``twb-`` + run id + ``-``). A live testbed holds
 an exclusive ``flock`` on ``/run/tensorwire-testbed/PREFIX.lock`` for as long as it runs; the
 kernel drops the lock when the process dies, however it dies. A namespace, root-namespace veth
-or nftables table whose prefix has no held lock is stale and is removed, processes and all.
+or nftables table whose prefix has no held lock is stale and is removed, processes and all:
+by the next testbed that opens, and, when the owner was killed, at once by a process that
+waits for its death (:func:`sweep_when_free`, started by ``create``).
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import fcntl
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pyroute2 import IPRoute, netns
 
+from tensorwire._lifeline import AfterDeath
 from tensorwire.testbed._netns import BASE_PREFIX, Netns, kill, pids_in
 from tensorwire.testbed._tools import find_tool, require_tool
 from tensorwire.testbed.errors import TestbedError
@@ -43,6 +48,7 @@ class NamedNamespaces:
         self.nodes = nodes
         self._lock: int | None = None
         self._created: list[str] = []
+        self._sweeper: AfterDeath | None = None
 
     def create(self) -> dict[str, Netns]:
         """Create the namespaces; :class:`TestbedError` if the prefix belongs to a live testbed."""
@@ -50,6 +56,9 @@ class NamedNamespaces:
         self._lock = _take_lock(self.prefix)
         if self._lock is None:
             raise TestbedError(f"prefix {self.prefix!r} is in use by a running testbed")
+        # killed before destroy: the lock drops, and this sweeps what it made (and any stale)
+        sweep = f"import tensorwire.testbed._named as n; n.sweep_when_free({self.prefix!r})"
+        self._sweeper = AfterDeath([sys.executable, "-c", sweep])
         result = {}
         for node in self.nodes:
             name = f"{self.prefix}{node}"
@@ -69,6 +78,9 @@ class NamedNamespaces:
                 os.unlink(_lock_path(self.prefix))
             os.close(self._lock)
             self._lock = None
+        if self._sweeper is not None:
+            self._sweeper.stop()
+            self._sweeper = None
 
 
 def remove_stale() -> list[str]:
@@ -160,3 +172,15 @@ def _take_lock(prefix: str) -> int | None:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def sweep_when_free(prefix: str, wait: float = 10.0) -> list[str]:
+    """:func:`remove_stale`, once ``prefix``'s lock is free: what runs after a testbed's owner
+    was killed (the end of file that starts it may come while the dying owner still closes
+    its files, the lock's among them)."""
+    deadline = time.monotonic() + wait
+    while (fd := _take_lock(prefix)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if fd is not None:
+        os.close(fd)
+    return remove_stale()
