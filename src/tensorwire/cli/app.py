@@ -827,7 +827,7 @@ def _print_fl_table(run_dir: Path) -> None:
         "ratio": "comm/bound",
         "payload_MB": "MB/round",
         "wire_MB": "link MB/round",
-        "retrans_segs": "retrans/round",
+        "retrans_segs": "TCP retrans/round",
         "final_accuracy_pct": "final acc %",
     }
     rows = [
