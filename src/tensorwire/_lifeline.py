@@ -113,7 +113,36 @@ for path in remove:
 """
 
 
-class Reaper:
+class _Watcher:
+    """A small process (``python -I -S``: no site packages to import) running ``code`` with
+    ``args``; it holds the lifeline and ``fds``, and acts when the lifeline ends."""
+
+    _helper: subprocess.Popen[bytes] | None = None
+
+    def _start(self, code: str, args: list[str], fds: tuple[int, ...] = ()) -> None:
+        lifeline = _read_end()
+        self._helper = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", code, str(lifeline), *args],
+            pass_fds=(lifeline, *fds),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to our terminal leaves it be: we clean up
+        )
+
+    @property
+    def active(self) -> bool:
+        return self._helper is not None and self._helper.poll() is None
+
+    def stop(self) -> None:
+        """End the watcher without letting it act (this process cleaned up itself)."""
+        if self._helper is not None:
+            self._helper.kill()
+            self._helper.wait()
+            self._helper = None
+
+
+class Reaper(_Watcher):
     """A small process that ends ``proc`` (SIGTERM, SIGKILL after 5 s) if this process dies
     without doing so, then removes the directory ``remove`` (its data): for programs that
     cannot watch a lifeline (a private broker). With ``group`` its whole process group
@@ -128,36 +157,15 @@ class Reaper:
         group: bool = False,
         remove: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._helper: subprocess.Popen[bytes] | None = None
         try:
             pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):  # no pidfds here, or proc already reaped
             return
         try:
-            lifeline = _read_end()
-            args = [str(lifeline), str(pidfd), str(proc.pid), "1" if group else "0"]
-            args += [] if remove is None else [os.fspath(remove)]
-            self._helper = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _REAPER, *args],
-                pass_fds=(lifeline, pidfd),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # a Ctrl-C to our terminal leaves it be: we clean up
-            )
+            args = [str(pidfd), str(proc.pid), "1" if group else "0"]
+            self._start(_REAPER, args + ([] if remove is None else [os.fspath(remove)]), (pidfd,))
         finally:
             os.close(pidfd)
-
-    @property
-    def active(self) -> bool:
-        return self._helper is not None and self._helper.poll() is None
-
-    def stop(self) -> None:
-        """End the reaper (its target was stopped here)."""
-        if self._helper is not None:
-            self._helper.kill()
-            self._helper.wait()
-            self._helper = None
 
 
 _AFTER_DEATH = """
@@ -171,30 +179,11 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
-class AfterDeath:
+class AfterDeath(_Watcher):
     """A small process that runs ``argv`` (``argv[0]`` a path) if this process dies before
-    calling :meth:`stop`: the clean-up of what outlives a SIGKILLed owner and no
-    process of its own holds (a testbed's named namespaces). It waits on the lifeline, so it
-    costs nothing while this process lives."""
+    calling :meth:`stop`: the clean-up of what outlives a SIGKILLed owner and no process of
+    its own holds (a testbed's named namespaces). It waits on the lifeline, so it costs
+    nothing while this process lives."""
 
     def __init__(self, argv: list[str]) -> None:
-        lifeline = _read_end()
-        self._helper: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _AFTER_DEATH, str(lifeline), *argv],
-            pass_fds=(lifeline,),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C to our terminal leaves it be: we clean up
-        )
-
-    @property
-    def active(self) -> bool:
-        return self._helper is not None and self._helper.poll() is None
-
-    def stop(self) -> None:
-        """End it without running ``argv`` (this process cleaned up itself)."""
-        if self._helper is not None:
-            self._helper.kill()
-            self._helper.wait()
-            self._helper = None
+        self._start(_AFTER_DEATH, argv)
