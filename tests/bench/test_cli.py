@@ -146,3 +146,26 @@ def test_an_unknown_transfer_baseline_is_refused_with_the_choices(tmp_path):
     assert done.returncode == 2, said
     assert "no baseline 'nope'; choose from:" in said and "socket (raw-socket)" in said
     assert "Traceback" not in said and "a bug?" not in said
+
+
+def test_bench_transfer_checks_the_small_and_the_big_targets_from_paired_trials(capsys):
+    """The verdicts are issue 12's: 128 MiB >= 0.95x and 100x100 float32 >= 0.6x the raw
+    socket, each the median of per-round ratios."""
+    from tensorwire.cli.app import _print_targets
+
+    def rows(case: dict, raw: list[float], tcp: list[float]) -> list[dict]:
+        return [
+            {**case, "transport": "raw-socket", "times_ms": raw},
+            {**case, "transport": "tensorwire-tcp", "times_ms": tcp},
+        ]
+
+    big = rows({"case": "throughput"}, [40.0, 38.0, 41.0], [41.0, 40.0, 42.0])  # 0.95 to 0.98
+    small = {"case": "gsoc", "dtype": "float32", "shape": "100x100"}
+    _print_targets(big + rows(small, [0.07, 0.08, 0.07], [0.14, 0.13, 0.10]), 128)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "128 MiB float32 (target >= 0.95x): 0.98x met" in out
+    assert "100x100 float32 (target >= 0.6x): 0.62x met" in out
+    _print_targets(big + rows(small, [0.07, 0.07, 0.07], [0.14, 0.14, 0.10]), 128)
+    assert "100x100 float32 (target >= 0.6x): 0.50x missed" in " ".join(
+        capsys.readouterr().out.split()
+    )
