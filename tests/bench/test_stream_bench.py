@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorwire.bench.stream import FLIGHT, bench_stream
+from tensorwire.bench.stream import FLIGHT, bench_stream, stream_targets
 
 
 def test_a_small_stream_bench_measures_every_contender():
@@ -22,3 +22,27 @@ def test_a_small_stream_bench_measures_every_contender():
         for side in ("send_cpu_us", "recv_cpu_us"):
             assert 0 < row[side] < 2 * wall_us, (side, row)
     assert by[FLIGHT]["vs_flight"] == 1.0
+
+
+def test_the_stream_targets_are_judged_against_doget_in_the_same_run():
+    """tcp needs DoGet's MB/s and a p99 no worse; flight 0.9x DoGet's MB/s; without DoGet
+    nothing is judged."""
+
+    def row(contender: str, vs: float | None, p99: float) -> dict:
+        return {"contender": contender, "batch_bytes": 131072, "vs_flight": vs, "p99_us": p99}
+
+    rows = [
+        row(FLIGHT, 1.0, 300),
+        row("tensorwire-tcp", 1.1, 350),  # faster, but its p99 is worse
+        row("tensorwire-flight", 0.92, 900),
+        row("tensorwire-zmq", 0.8, 200),  # no target
+    ]
+    got = {what.split(" vs")[0]: (met, measured) for what, met, measured in stream_targets(rows)}
+    assert got == {
+        "tensorwire-tcp": (False, "1.10x, p99 350 vs 300 µs"),
+        "tensorwire-flight": (True, "0.92x"),
+    }
+    rows[1]["p99_us"] = 250
+    assert next(stream_targets(rows))[1] is True
+    no_doget = [row("tensorwire-tcp", None, 250)]
+    assert [met for _, met, _ in stream_targets(no_doget)] == [None]

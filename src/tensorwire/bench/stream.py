@@ -38,6 +38,10 @@ from tensorwire.transports.registry import get_transport
 
 FLIGHT = "pyarrow-flight-doget"
 
+TARGETS = {"tensorwire-tcp": 1.0, "tensorwire-flight": 0.9}
+"""Issue 12's streaming targets: MB/s as a multiple of Flight DoGet's in the same run (tcp's
+also with a p99 wait no worse than DoGet's)."""
+
 
 def make_columns(records: int, columns: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -333,3 +337,24 @@ if __name__ == "__main__":
 
             os.sched_setaffinity(0, {int(args[2])})
         peer_main()
+
+
+def stream_targets(rows: list[dict[str, Any]]) -> Iterator[tuple[str, bool | None, str]]:
+    """``(what, met, measured)`` for every contender with a target (:data:`TARGETS`); met is
+    None when DoGet was not measured."""
+    base = next((r for r in rows if r["contender"] == FLIGHT), None)
+    for r in rows:
+        target = TARGETS.get(r["contender"])
+        if target is None:
+            continue
+        what = f"{r['contender']} vs DoGet, {r['batch_bytes']:,} B batches (target >= {target:g}x"
+        what += ", p99 no worse)" if r["contender"] == "tensorwire-tcp" else ")"
+        if base is None or r["vs_flight"] is None:
+            yield what, None, "not measured"
+            continue
+        met = r["vs_flight"] >= target
+        measured = f"{r['vs_flight']:.2f}x"
+        if r["contender"] == "tensorwire-tcp":
+            met = met and r["p99_us"] <= base["p99_us"]
+            measured += f", p99 {r['p99_us']:,.0f} vs {base['p99_us']:,.0f} µs"
+        yield what, met, measured

@@ -422,7 +422,7 @@ def bench_stream_cmd(
     sender and receiver pinned to different CPUs.
     """
     from tensorwire.bench.progress import progress_bar
-    from tensorwire.bench.stream import bench_stream
+    from tensorwire.bench.stream import bench_stream, stream_targets
     from tensorwire.bench.tables import print_table, write_rows
 
     names = _transports_option(transports)
@@ -457,6 +457,11 @@ def bench_stream_cmd(
         "complete",
     ]
     print_table(rows, title, cols, console)
+    for label, met, measured in stream_targets(rows):
+        if met is None:
+            console.print(f"{label}: [yellow]{measured}[/]")
+        else:
+            console.print(f"{label}: {measured} " + ("[green]met[/]" if met else "[red]missed[/]"))
     out_dir = _out_dir(out, "bench-stream")
     paths = write_rows(rows, out_dir, "stream")
     console.print(f"results: {', '.join(str(p) for p in paths)}")
