@@ -6,13 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from killed_owner import killed_owner, wait_until
 
 import tensorwire
 from tensorwire.errors import AuthenticationError, MissingDependency, TransportError
@@ -279,21 +278,13 @@ def test_a_private_broker_ends_when_the_process_that_started_it_is_killed():
         "from tensorwire.transports.brokers.mosquitto import MosquittoBroker; import time\n"
         "b = MosquittoBroker().start(); print(b.pid, b.dir, flush=True); time.sleep(120)"
     )
-    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert owner.stdout is not None
-    try:
-        pid_text, directory = owner.stdout.readline().split()
+    with killed_owner(code, T) as (pid_text, directory):
         pid = int(pid_text)
         assert _alive(pid) and os.path.isdir(directory)
-    finally:
-        owner.kill()
-        owner.wait(timeout=T)
     deadline = time.monotonic() + T
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not _alive(pid), deadline)
     if _alive(pid):
         os.kill(pid, 9)
         pytest.fail(f"the broker outlived its killed owner by {T} s")
-    while os.path.exists(directory) and time.monotonic() < deadline:
-        time.sleep(0.05)  # removed right after the broker ended
+    wait_until(lambda: not os.path.exists(directory), deadline)  # removed right after it ended
     assert not os.path.exists(directory), "the killed owner's broker directory stayed"

@@ -8,7 +8,6 @@ import importlib.util
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from killed_owner import killed_owner, wait_until
 
 import tensorwire
 from tensorwire.errors import MissingDependency
@@ -243,24 +243,16 @@ def test_a_private_node_ends_when_the_process_that_started_it_is_killed():
         "from tensorwire.transports.brokers import RabbitMQBroker; import time\n"
         "b = RabbitMQBroker().start(); print(b.node, b.dir, flush=True); time.sleep(300)"
     )
-    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert owner.stdout is not None
-    try:
-        line = owner.stdout.readline().split()
+    with killed_owner(code, T) as line:
         assert len(line) == 2, "the owner did not start its node"
         node, directory = line
         assert _processes_of_node(node) and Path(directory).is_dir()
-    finally:
-        owner.kill()
-        owner.wait(timeout=T)
     deadline = time.monotonic() + T
-    while _processes_of_node(node) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not _processes_of_node(node), deadline, step=0.1)
     left = _processes_of_node(node)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
     assert not left, f"processes of the node outlived its killed owner by {T} s: {left}"
-    while Path(directory).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # removed right after the node ended
+    wait_until(lambda: not Path(directory).exists(), deadline)  # removed right after it ended
     assert not Path(directory).exists(), "the killed owner's node directory stayed"
