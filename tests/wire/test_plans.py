@@ -96,6 +96,22 @@ def test_raw_headers_are_the_reference_bytes(name: str, t0: float) -> None:
         assert header_of(data) == reference_header(data, tensors, want_meta, t0)
 
 
+@pytest.mark.parametrize("checksum", [True, False])
+@pytest.mark.parametrize("name", ["one", "twenty", "dtypes"])
+def test_a_data_message_without_meta_is_the_reference_bytes(name: str, checksum: bool) -> None:
+    tensors = MESSAGES[name]
+    for t0 in (1.25, 2.5, 1e9 + 0.125):  # the plan's header, then its cached head
+        data = encode_message(tensors, {}, t0=t0, checksum=checksum).to_bytes()
+        assert header_of(data) == reference_header(data, tensors, {}, t0)
+        back = decode_message(data)
+        assert back.t0 == t0 and back.meta == {}
+        for path, arr in flatten(tensors):
+            got = back.tensors
+            for part in path:
+                got = got[part]
+            np.testing.assert_array_equal(got, arr)
+
+
 def test_build_header_packs_the_map_in_the_reference_order() -> None:
     entries = [tensor_entry(), tensor_entry(("y",), "float32", (2, 2))]
     for t0 in (None, 3.5):
@@ -370,7 +386,9 @@ def test_a_header_with_meta_splits_as_a_plain_unpack_says(meta: dict, tensors: d
 
 
 def _streamed(data: bytes):
-    stream = MessageStream()
+    from tensorwire.codecs import get_codec
+
+    stream = MessageStream(codec_lookup=get_codec)
     got = stream.receive_one(memoryview(data))
     return got if got is not None else stream.next_event()
 
@@ -384,3 +402,124 @@ def test_the_flat_shape_index_stays_bounded_whatever_is_sent() -> None:
             back = decode_message(encode_message({"x": x}).to_bytes())
             assert back["x"].shape == (n,)
     assert len(encoder._FLAT_PLANS) <= encoder._MAX_FLAT_PLANS
+
+
+def _layout_of(data: bytes):
+    from tensorwire.wire.plans import KNOWN_LAYOUTS
+
+    prefix = parse_prefix(data, Limits())
+    return KNOWN_LAYOUTS.get(data[PREFIX_SIZE : PREFIX_SIZE + prefix.header_length - 8])
+
+
+def test_a_header_repeated_but_for_t0_is_read_from_its_layout() -> None:
+    tensors = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": np.ones(5, np.float32)}
+    first = encode_message(tensors, t0=1.0).to_bytes()
+    assert _streamed(first)["a"].shape == (2, 3)  # validated: the table is kept
+    assert _layout_of(first) is None
+    assert _streamed(first)["a"].shape == (2, 3)  # a known table: its layout is kept
+    assert _layout_of(first) is not None
+    for t0 in (2.0, 1e9 + 0.25, -3.5):
+        data = encode_message({k: v + 1 for k, v in tensors.items()}, t0=t0).to_bytes()
+        assert _layout_of(data) is _layout_of(first)  # only t0 differs: the same layout
+        got = _streamed(data)
+        assert got.t0 == t0 and got.kind == "data" and got.meta == {} and got.n_tensors == 2
+        assert (got.nbytes, got.wire_nbytes) == (12 + 20, len(data))
+        for name in tensors:
+            np.testing.assert_array_equal(got[name], tensors[name] + 1)
+            assert got[name].dtype == tensors[name].dtype and got[name].flags.writeable
+
+
+@pytest.mark.parametrize("where", ["digest", "body", "header", "t0"])
+def test_a_layouts_message_is_checked_as_any_other(where: str) -> None:
+    from tensorwire.errors import ChecksumMismatch
+
+    x = np.arange(64, dtype=np.uint8)
+    for _ in range(2):  # the table, then the layout
+        _streamed(encode_message({"x": x}).to_bytes())
+    good = encode_message({"x": x}).to_bytes()
+    assert _layout_of(good) is not None
+    bad = bytearray(good)
+    prefix = parse_prefix(good, Limits())
+    at = {"digest": len(bad) - 1, "body": len(bad) - 20, "header": PREFIX_SIZE + 3}
+    at["t0"] = PREFIX_SIZE + prefix.header_length - 2  # inside the value t0's layout leaves out
+    bad[at[where]] ^= 1
+    stream = MessageStream()
+    if where in ("header", "t0"):  # covered by the header check, as before
+        with pytest.raises(HeaderCheckMismatch):
+            stream.receive_data(bytes(bad) + good)
+        return
+    stream.receive_data(bytes(bad) + good)
+    with pytest.raises(ChecksumMismatch):
+        stream.next_event()
+    np.testing.assert_array_equal(stream.next_event()["x"], x)
+
+
+def test_a_layout_is_checked_against_each_streams_limits() -> None:
+    data = encode_message({"a": np.zeros((2, 2, 2)), "b": np.zeros(100)}).to_bytes()
+    for _ in range(2):
+        _streamed(data)
+    assert _layout_of(data) is not None
+    for limits, error in (
+        (Limits(max_tensors=1), MessageTooLarge),
+        (Limits(max_ndim=2), MalformedHeader),
+        (Limits(max_message_bytes=800), MessageTooLarge),
+    ):
+        stream = MessageStream(limits=limits)
+        with pytest.raises(error):
+            stream.receive_data(data)
+            stream.next_event()
+    assert _streamed(data).n_tensors == 2  # and the default limits still take it
+
+
+def test_a_layouts_message_fills_only_the_out_arrays_that_fit() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    data = encode_message({"x": x}).to_bytes()
+    for _ in range(2):
+        _streamed(data)
+    assert _layout_of(data) is not None
+    read_only = np.zeros((3, 4), np.float32)
+    read_only.flags.writeable = False
+    fits = np.zeros((3, 4), np.float32)
+    for out, taken in (
+        (fits, True),
+        (np.zeros((3, 4), np.float64), False),
+        (np.zeros((4, 3), np.float32), False),
+        (np.asfortranarray(np.zeros((3, 4), np.float32)), False),
+        (read_only, False),
+        ([[0.0] * 4] * 3, False),
+    ):
+        stream = MessageStream()
+        stream.set_out({("x",): out})
+        got = _streamed_into(stream, data)
+        np.testing.assert_array_equal(got["x"], x)
+        assert (got["x"] is out) == taken and got["x"].flags.c_contiguous
+    assert not read_only.any()
+
+
+def _streamed_into(stream: MessageStream, data: bytes):
+    got = stream.receive_one(memoryview(data))
+    return got if got is not None else stream.next_event()
+
+
+def test_no_layout_for_meta_codecs_nesting_or_other_dtypes() -> None:
+    import ml_dtypes as mld
+
+    z = np.zeros(4096, np.float32)
+    for tensors, meta, codecs in (
+        ({"x": np.arange(4, dtype=np.int8)}, {"round": 3}, None),
+        ({"x": {"y": np.arange(4, dtype=np.int8)}}, None, None),
+        ({"x": np.zeros(4, mld.bfloat16)}, None, None),
+        ({"x": z}, None, "zlib"),
+    ):
+        selector = None if codecs is None else _fixed(codecs)
+        data = encode_message(tensors, meta, codecs=selector).to_bytes()
+        for _ in range(2):
+            got = _streamed(data)
+            assert got.keys() == tensors.keys()
+        assert _layout_of(data) is None
+
+
+def _fixed(name: str):
+    from tensorwire.codecs import resolve_codecs
+
+    return resolve_codecs(name)

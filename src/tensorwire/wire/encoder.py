@@ -14,12 +14,11 @@ import xxhash
 
 from tensorwire.wire.codec import CodecSelector
 from tensorwire.wire.format import DIGEST_SIZE, assemble_header, pack_prefix
-from tensorwire.wire.plans import EncodePlan, ShapeKey, array_header, encode_plan
+from tensorwire.wire.plans import BUFFER_KINDS, EncodePlan, ShapeKey, array_header, encode_plan
 from tensorwire.wire.tensors import Order, TensorPath, flatten, to_numpy
 
 _U64 = struct.Struct("<Q")
-
-_BUFFER_KINDS = frozenset("biufc")  # dtype kinds the buffer protocol exports (not bfloat16's)
+_F64 = struct.Struct(">d")  # the value of a msgpack float 64
 
 SEGMENT_BYTES = 1 << 20
 """Pieces a big tensor is hashed and sent in: small enough to stay in cache between the two."""
@@ -27,7 +26,7 @@ SEGMENT_BYTES = 1 << 20
 
 def byte_view(arr: np.ndarray, order: Order) -> memoryview:
     """A flat uint8 memoryview of a contiguous array's memory, in ``order``, without a copy."""
-    if order == "C" and arr.size and arr.dtype.kind in _BUFFER_KINDS:
+    if order == "C" and arr.size and arr.dtype.kind in BUFFER_KINDS:
         return arr.data.cast("B")  # the cheap way; numpy's own dtypes only
     return arr.reshape(-1, order=order).view(np.uint8).data
 
@@ -44,6 +43,18 @@ class EncodedMessage:
     (cache-hot, just before each piece is sent) and kept, so a broadcast hashes once.
     Buffers of raw tensors alias the caller's arrays: keep those unchanged until sent.
     """
+
+    __slots__ = (
+        "_digest_cache",
+        "buffers",
+        "codec_label",
+        "digests",
+        "encode_s",
+        "head",
+        "nbytes",
+        "raw_nbytes",
+        "t0",
+    )
 
     def __init__(
         self,
@@ -144,17 +155,15 @@ def _flat_leaves(tensors: dict[str, Any]) -> tuple[list[np.ndarray], EncodePlan]
     """The arrays and plan of a flat dict of C-ordered numpy arrays with a known shape (the
     common small message: FL rounds, ping-pongs, stream batches); None for any other."""
     key = []
+    arrays = []
     for name, arr in tensors.items():
-        if type(arr) is not np.ndarray:
+        if type(arr) is not np.ndarray or not arr.flags.c_contiguous:
             return None
         key.append((name, arr.dtype, arr.shape))
+        arrays.append(arr)
     plan = _FLAT_PLANS.get(tuple(key))
     if plan is None:  # first of its shape, or names / orders the general path checks
         return None
-    arrays = list(tensors.values())
-    for arr in arrays:
-        if not arr.flags.c_contiguous:
-            return None
     return arrays, plan
 
 
@@ -165,7 +174,7 @@ def _remember_flat(key: ShapeKey, plan: EncodePlan) -> None:
     for path, dtype, shape, order in key:
         if len(path) != 1 or order != "C" or dtype.byteorder == ">":
             return
-        if dtype.kind not in _BUFFER_KINDS or not math.prod(shape):
+        if dtype.kind not in BUFFER_KINDS or not math.prod(shape):
             return
         flat_key.append((path[0], dtype, shape))
     with _FLAT_LOCK:  # lookups take no lock; evicting iterates, which another insert breaks
@@ -226,6 +235,8 @@ def encode_message(
         arrays, plan = flat
         if codecs is None or plan.max_nbytes < raw_below:  # every tensor goes raw as it is
             buffers = [arr.data.cast("B") for arr in arrays]
+            if not meta and kind == "data" and type(t0) is float:
+                return _framed_data(buffers, plan, t0, checksum, start)
             return _framed(plan.raw_tensors, "raw", buffers, plan, kind, meta, t0, checksum, start)
         key = plan.key
     else:
@@ -293,5 +304,27 @@ def _framed(
         time.perf_counter() - start,
         t0,
         label,
+        body_length,
+    )
+
+
+def _framed_data(
+    buffers: list[memoryview], plan: EncodePlan, t0: float, checksum: bool, start: float
+) -> EncodedMessage:
+    """:func:`_framed` of a data message with no meta whose tensors all go raw (most small
+    messages): its header is the plan's, up to the value of ``t0``."""
+    head = plan.data_head
+    if head is None:
+        head = plan.data_head = assemble_header("data", {}, 0.0, plan.raw_tensors)[:-8]
+    header = head + _F64.pack(t0)
+    body_length = plan.total_nbytes + (DIGEST_SIZE * len(buffers) if checksum else 0)
+    return EncodedMessage(
+        pack_prefix(header, body_length, checksum) + header,
+        buffers,
+        checksum,
+        plan.total_nbytes,
+        time.perf_counter() - start,
+        t0,
+        "raw",
         body_length,
     )

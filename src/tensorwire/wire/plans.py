@@ -3,9 +3,12 @@
 Sending: an :class:`EncodePlan` holds, for one sequence of (name, dtype, shape, order), the
 msgpack bytes of every tensor entry up to its sizes, and the whole ``tensors`` array for
 when every tensor goes raw, so a message of a known shape is framed by joining bytes
-instead of building and packing a map per tensor. Receiving: a :class:`TensorTable` is a
-validated ``tensors`` array, cached under its exact msgpack bytes, so a header seen before
-is checked by comparing bytes instead of validating every entry again.
+instead of building and packing a map per tensor; a data message with no meta adds only its
+``t0`` to a header kept whole. Receiving: a :class:`TensorTable` is a validated ``tensors``
+array, cached under its exact msgpack bytes, so a header seen before is checked by comparing
+bytes instead of validating every entry again; and a :class:`KnownLayout` is a whole header
+seen before but for the value of its ``t0``, so the next message of the same shape is read
+with one lookup.
 
 Both caches are bounded in entries and in bytes; a peer that sends ever new headers only
 evicts older ones, and costs at most those bounds.
@@ -30,6 +33,8 @@ V = TypeVar("V")
 
 ShapeKey = tuple[tuple[tuple[str, ...], np.dtype, tuple[int, ...], Order], ...]
 """(path, dtype, shape, order) of every tensor of a message, in body order."""
+
+BUFFER_KINDS = frozenset("biufc")  # dtype kinds the buffer protocol exports (not bfloat16's)
 
 _packers = threading.local()  # a Packer keeps state between calls: one per thread
 
@@ -113,6 +118,7 @@ class EncodePlan:
 
     __slots__ = (
         "_heads",
+        "data_head",
         "key",
         "max_nbytes",
         "names",
@@ -151,6 +157,9 @@ class EncodePlan:
             for head, nbytes in zip(self._heads, self.nbytes, strict=True)
         )
         self.raw_tensors = array_header(len(key)) + b"".join(self.raw_entries)
+        # the header of a data message with no meta and every tensor raw, but for the value
+        # of its t0 (the encoder fills it in: the header's assembly is the format's)
+        self.data_head: bytes | None = None
 
     @property
     def cost(self) -> int:
@@ -215,3 +224,52 @@ class TensorTable:
 TENSOR_TABLES: BoundedCache[bytes, TensorTable] = BoundedCache(256, 1 << 20)
 """Validated tables by their packed bytes. Its bound is in header bytes: the Python objects
 of a table take a few times that."""
+
+
+class KnownLayout:
+    """A header seen before, but for the value of its ``t0``: cached under the header's bytes
+    up to that value (all but its last 8), so a message that repeats them is decoded from
+    this alone. Only headers with an empty ``meta`` and flat, raw, C-ordered tensors of
+    numpy's own dtypes have one (the small messages of FL rounds, ping-pongs and streams)."""
+
+    __slots__ = (
+        "codec_label",
+        "digested_nbytes",
+        "encoded_nbytes",
+        "kind",
+        "limits",
+        "nbytes",
+        "table",
+        "tensors",
+    )
+
+    def __init__(self, kind: str, table: TensorTable) -> None:
+        self.kind = kind
+        self.table = table
+        # (name, path, encoded size, dtype, shape) of each tensor, in body order
+        self.tensors = tuple((s.path[0], s.path, s.size, s.dtype, s.shape) for s in table.specs)
+        self.encoded_nbytes = table.encoded_nbytes
+        self.digested_nbytes = table.encoded_nbytes + 8 * len(table.specs)
+        self.nbytes = table.nbytes
+        self.codec_label = table.codec_label
+        self.limits: Any = None  # the last Limits the table was found to fit
+
+    @staticmethod
+    def allowed(table: TensorTable) -> bool:
+        """Whether messages of ``table`` can be read from a layout."""
+        return (
+            table.flat_names is not None
+            and not table.compressed
+            and all(
+                s.order == "C" and s.nbytes and s.dtype.kind in BUFFER_KINDS for s in table.specs
+            )
+        )
+
+    @property
+    def cost(self) -> int:
+        """Roughly the bytes this layout holds beyond its table (for the cache's bound)."""
+        return 64 + 96 * len(self.tensors)
+
+
+KNOWN_LAYOUTS: BoundedCache[bytes, KnownLayout] = BoundedCache(256, 1 << 20)
+"""Layouts by their header's bytes but for the last 8."""
