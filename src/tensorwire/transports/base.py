@@ -621,6 +621,8 @@ class Hub(_Endpoint):
         if ack is not None:
             self._acks.note(client_id, *ack)
             return None
+        if not self._inbox:  # one look under the GIL: what another thread queues after it
+            return client_id, msg  # comes after this message, as if this one took the lock
         with self._cond:
             if not self._inbox:
                 return client_id, msg

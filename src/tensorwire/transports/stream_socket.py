@@ -499,7 +499,7 @@ class StreamReader:
             ready = poller.poll(left_ms)
             if not ready:
                 continue
-            if any(fd == wake.fileno() for fd, _ in ready):
+            if len(ready) == 2 or ready[0][0] == wake.fileno():
                 with contextlib.suppress(BlockingIOError):
                     while wake.recv(WAKE_BYTES):
                         pass
