@@ -147,7 +147,10 @@ class TcpHub(Hub):
         self._peers: dict[str, _Peer] = {}
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
-        self._turns = threading.Condition()  # guards the peers' reading turns (see _Peer)
+        # guards the peers' reading turns (see _Peer); recv's steps take its lock directly
+        # (the same lock, without the Condition's Python-level enter and exit)
+        self._turns_lock = threading.Lock()
+        self._turns = threading.Condition(self._turns_lock)
         self._stopping = False
         self._caller_wake_r, self._caller_wake_w = _waker()  # wakes a recv that reads
         self._callers_reading = 0  # recv calls reading a connection now (under _turns)
@@ -392,7 +395,7 @@ class TcpHub(Hub):
         connection does not take turns, or is over."""
         if not peer.turns or peer.wake_w is None:
             return False
-        with self._turns:
+        with self._turns_lock:
             if peer.ended is not None or self._stopping:
                 return False
             peer.callers += 1
@@ -403,7 +406,7 @@ class TcpHub(Hub):
 
     def _step_out(self, peer: _Peer, reads: bool) -> None:
         """Undo :meth:`_step_in`; the reader thread comes back after the linger."""
-        with self._turns:
+        with self._turns_lock:
             peer.callers -= 1
             self._callers_reading -= reads
             peer.callers_left_at = time.monotonic()
