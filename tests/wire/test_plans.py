@@ -501,22 +501,52 @@ def _streamed_into(stream: MessageStream, data: bytes):
     return got if got is not None else stream.next_event()
 
 
-def test_no_layout_for_meta_codecs_nesting_or_other_dtypes() -> None:
-    import ml_dtypes as mld
-
+def test_no_layout_for_codecs_nesting_or_other_dtypes() -> None:
     z = np.zeros(4096, np.float32)
-    for tensors, meta, codecs in (
-        ({"x": np.arange(4, dtype=np.int8)}, {"round": 3}, None),
-        ({"x": {"y": np.arange(4, dtype=np.int8)}}, None, None),
-        ({"x": np.zeros(4, mld.bfloat16)}, None, None),
-        ({"x": z}, None, "zlib"),
+    for tensors, codecs in (
+        ({"x": {"y": np.arange(4, dtype=np.int8)}}, None),
+        ({"x": np.zeros(4, ml_dtypes.bfloat16)}, None),
+        ({"x": z}, "zlib"),
     ):
         selector = None if codecs is None else _fixed(codecs)
-        data = encode_message(tensors, meta, codecs=selector).to_bytes()
-        for _ in range(2):
+        data = encode_message(tensors, codecs=selector).to_bytes()
+        for _ in range(3):
             got = _streamed(data)
             assert got.keys() == tensors.keys()
         assert _layout_of(data) is None
+
+
+@pytest.mark.parametrize("tensors", [{}, {"x": np.arange(4, dtype=np.int8)}])
+def test_a_header_with_meta_gets_a_layout_when_it_comes_again(tensors: dict) -> None:
+    meta = {"ack": True, "round": 3, "who": ["a", 1.5]}
+    datas = [encode_message(tensors, meta, t0=float(t0)).to_bytes() for t0 in range(5)]
+    _streamed(datas[0])  # validates the table
+    _streamed(datas[1])  # seen once
+    assert _layout_of(datas[1]) is None
+    got = _streamed(datas[2])
+    assert _layout_of(datas[2]) is not None and _layout_of(datas[2]).meta is not None
+    got.meta["round"] = 99  # a message's meta is its own: the next one is unpacked anew
+    for t0, data in enumerate(datas[3:], start=3):
+        again = _streamed(data)
+        assert again.meta == meta and again.t0 == t0 and again.keys() == tensors.keys()
+        assert again.meta is not got.meta
+
+
+def test_a_meta_that_changes_every_time_churns_only_the_small_cache() -> None:
+    from tensorwire.wire.plans import KNOWN_LAYOUTS, SEEN_ONCE
+
+    x = np.arange(4, dtype=np.int8)
+    for _ in range(3):
+        _streamed(encode_message({"x": x}).to_bytes())
+    kept = _layout_of(encode_message({"x": x}).to_bytes())
+    assert kept is not None
+    for seq in range(1000):
+        data = encode_message({"x": x}, {"seq": seq}).to_bytes()
+        assert _streamed(data).meta == {"seq": seq}
+        assert _layout_of(data) is None
+    assert len(SEEN_ONCE) <= SEEN_ONCE.max_entries
+    assert _layout_of(encode_message({"x": x}).to_bytes()) is kept  # not evicted by them
+    assert len(KNOWN_LAYOUTS) <= KNOWN_LAYOUTS.max_entries
 
 
 def _fixed(name: str):

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgpack
 import numpy as np
 import xxhash
 
@@ -43,11 +44,12 @@ from tensorwire.wire.format import (
     Prefix,
     TensorSpec,
     known_header,
+    known_meta_bytes,
     parse_header,
     parse_prefix,
     verify_header,
 )
-from tensorwire.wire.plans import KNOWN_LAYOUTS, KnownLayout, TensorTable
+from tensorwire.wire.plans import KNOWN_LAYOUTS, SEEN_ONCE, KnownLayout, TensorTable
 from tensorwire.wire.pool import BufferPool
 from tensorwire.wire.tensors import TensorPath, map_leaves, to_torch, unflatten
 
@@ -329,7 +331,7 @@ def decode_known(
         offset = end
     msg = Message(
         tensors,
-        {},
+        {} if layout.meta is None else msgpack.unpackb(layout.meta),
         layout.kind,
         _F64.unpack_from(mv, end_header - 8)[0],
         layout.nbytes,
@@ -357,7 +359,7 @@ def _decode_first_known(
     known = known_header(header)
     if known is None:
         return None
-    kind, meta, t0, _, table = known
+    kind, meta, t0, span, table = known
     names = table.flat_names
     digests = flags & FLAG_DIGESTS
     specs = table.specs
@@ -378,9 +380,17 @@ def _decode_first_known(
         byte_view(arr, spec.order)[:] = encoded
         arrays.append(arr)
         offset = end
-    if not meta and KnownLayout.allowed(table):
-        layout = KnownLayout(kind, table)
-        KNOWN_LAYOUTS.put(header[:-8], layout, len(header) + layout.cost)
+    if KnownLayout.allowed(table):
+        key = header[:-8]
+        if not meta:
+            layout = KnownLayout(kind, table)
+        elif SEEN_ONCE.get(key):
+            layout = KnownLayout(kind, table, known_meta_bytes(header, span))
+        else:
+            layout = None
+            SEEN_ONCE.put(key, True, len(key))
+        if layout is not None:
+            KNOWN_LAYOUTS.put(key, layout, len(header) + layout.cost)
     msg = Message(
         dict(zip(names, arrays, strict=True)),
         meta,

@@ -230,6 +230,8 @@ def encode_message(
     """
     t0 = time.time() if t0 is None else t0
     start = time.perf_counter()
+    if tensors is None:  # meta alone (acknowledgements, control): the empty shape's plan
+        tensors = {}
     flat = _flat_leaves(tensors) if type(tensors) is dict else None
     if flat is not None:
         arrays, plan = flat
@@ -240,7 +242,7 @@ def encode_message(
             return _framed(plan.raw_tensors, "raw", buffers, plan, kind, meta, t0, checksum, start)
         key = plan.key
     else:
-        arrays, key = _leaves(tensors or {})
+        arrays, key = _leaves(tensors)
         plan = encode_plan(key)
         if plan.key is key:  # just built
             _remember_flat(key, plan)

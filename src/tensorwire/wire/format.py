@@ -370,6 +370,12 @@ def known_header(header: bytes) -> tuple[str, dict[str, Any], float, bytes, Tens
     return kind, meta, _F64.unpack_from(header, end - 8)[0], span, table
 
 
+def known_meta_bytes(header: bytes, span: bytes) -> bytes:
+    """The packed ``meta`` of a header :func:`known_header` read, given its ``tensors``
+    bytes: what lies between the ``meta`` key and the ``tensors`` key."""
+    return header[12 + (header[6] & 0x1F) : len(header) - 20 - len(span)]
+
+
 def _quick_split(header: bytes) -> tuple[dict[str, Any], bytes, TensorTable, Any] | None:
     """:func:`_split_header` for the header :func:`known_header` knows; None for any other."""
     known = known_header(header)

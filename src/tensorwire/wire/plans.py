@@ -229,8 +229,9 @@ of a table take a few times that."""
 class KnownLayout:
     """A header seen before, but for the value of its ``t0``: cached under the header's bytes
     up to that value (all but its last 8), so a message that repeats them is decoded from
-    this alone. Only headers with an empty ``meta`` and flat, raw, C-ordered tensors of
-    numpy's own dtypes have one (the small messages of FL rounds, ping-pongs and streams)."""
+    this alone. Only headers of flat, raw, C-ordered tensors of numpy's own dtypes have one
+    (the small messages of FL rounds, ping-pongs, streams and acknowledgements); ``meta``
+    is kept packed (None when empty) and unpacked anew for each message."""
 
     __slots__ = (
         "codec_label",
@@ -238,14 +239,16 @@ class KnownLayout:
         "encoded_nbytes",
         "kind",
         "limits",
+        "meta",
         "nbytes",
         "table",
         "tensors",
     )
 
-    def __init__(self, kind: str, table: TensorTable) -> None:
+    def __init__(self, kind: str, table: TensorTable, meta: bytes | None = None) -> None:
         self.kind = kind
         self.table = table
+        self.meta = meta
         # (name, path, encoded size, dtype, shape) of each tensor, in body order
         self.tensors = tuple((s.path[0], s.path, s.size, s.dtype, s.shape) for s in table.specs)
         self.encoded_nbytes = table.encoded_nbytes
@@ -268,8 +271,13 @@ class KnownLayout:
     @property
     def cost(self) -> int:
         """Roughly the bytes this layout holds beyond its table (for the cache's bound)."""
-        return 64 + 96 * len(self.tensors)
+        return 64 + 96 * len(self.tensors) + len(self.meta or b"")
 
 
 KNOWN_LAYOUTS: BoundedCache[bytes, KnownLayout] = BoundedCache(256, 1 << 20)
 """Layouts by their header's bytes but for the last 8."""
+
+SEEN_ONCE: BoundedCache[bytes, bool] = BoundedCache(64, 64 << 10)
+"""Headers with a ``meta`` seen once (keyed as layouts are): such a header gets a layout when
+it comes again, so a ``meta`` that changes with every message (a sequence number, say)
+churns this small cache, not the layouts."""
