@@ -382,12 +382,14 @@ def _decode_first_known(
         offset = end
     if KnownLayout.allowed(table):
         key = header[:-8]
+        layout = None
         if not meta:
             layout = KnownLayout(kind, table)
-        elif SEEN_ONCE.get(key):
+        elif specs:  # meta with tensors changes from message to message (rounds, batches)
+            pass
+        elif SEEN_ONCE.get(key):  # meta alone (acknowledgements, control), seen before
             layout = KnownLayout(kind, table, known_meta_bytes(header, span))
         else:
-            layout = None
             SEEN_ONCE.put(key, True, len(key))
         if layout is not None:
             KNOWN_LAYOUTS.put(key, layout, len(header) + layout.cost)

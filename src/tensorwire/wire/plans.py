@@ -229,9 +229,10 @@ of a table take a few times that."""
 class KnownLayout:
     """A header seen before, but for the value of its ``t0``: cached under the header's bytes
     up to that value (all but its last 8), so a message that repeats them is decoded from
-    this alone. Only headers of flat, raw, C-ordered tensors of numpy's own dtypes have one
-    (the small messages of FL rounds, ping-pongs, streams and acknowledgements); ``meta``
-    is kept packed (None when empty) and unpacked anew for each message."""
+    this alone. Only headers of flat, raw, C-ordered tensors of numpy's own dtypes and no
+    ``meta`` have one (the small messages of FL rounds, ping-pongs and streams), and headers
+    of ``meta`` alone that came before (acknowledgements, control): their ``meta`` is kept
+    packed and unpacked anew for each message (None when empty)."""
 
     __slots__ = (
         "codec_label",
@@ -278,6 +279,6 @@ KNOWN_LAYOUTS: BoundedCache[bytes, KnownLayout] = BoundedCache(256, 1 << 20)
 """Layouts by their header's bytes but for the last 8."""
 
 SEEN_ONCE: BoundedCache[bytes, bool] = BoundedCache(64, 64 << 10)
-"""Headers with a ``meta`` seen once (keyed as layouts are): such a header gets a layout when
-it comes again, so a ``meta`` that changes with every message (a sequence number, say)
-churns this small cache, not the layouts."""
+"""Headers of ``meta`` alone seen once (keyed as layouts are): such a header gets a layout
+when it comes again, so a ``meta`` that changes with every message (a stream's count of
+what it consumed, say) churns this small cache, not the layouts."""
