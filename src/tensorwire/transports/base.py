@@ -617,7 +617,7 @@ class Hub(_Endpoint):
         that read it itself): that message, without queueing ``msg`` when nothing is queued
         before it; None when ``msg`` was a stream acknowledgement."""
         self._note_recv(client_id, msg)
-        ack = ack_fields(msg.meta)
+        ack = ack_fields(msg.meta) if msg.meta else None
         if ack is not None:
             self._acks.note(client_id, *ack)
             return None
@@ -1046,7 +1046,7 @@ class Channel(_Endpoint):
         (noted for :meth:`send_many`)."""
         msg = self._recv_message(deadline, out)
         self._note_recv("hub", msg)
-        ack = ack_fields(msg.meta)
+        ack = ack_fields(msg.meta) if msg.meta else None
         if ack is None:
             return msg
         self._acks.note("hub", *ack)

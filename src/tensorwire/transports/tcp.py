@@ -57,6 +57,7 @@ from tensorwire.transports.session import (
     Closed,
     Data,
     HubSession,
+    State,
     Welcomed,
     bye,
 )
@@ -348,7 +349,7 @@ class TcpHub(Hub):
 
         While the hub has one client (on a plain connection), the calling thread reads its
         connection itself (see the module doc)."""
-        deadline = deadline_after(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout  # deadline_after
         peers = list(self._peers.values())  # one step under the GIL: no lock needed
         peer = peers[0] if len(peers) == 1 else None
         if peer is None or not self._step_in(peer, reads=True):
@@ -367,8 +368,8 @@ class TcpHub(Hub):
     ) -> tuple[str, Message] | None:
         """Read ``peer``'s connection in a ``recv`` until a message is in the inbox; None if
         the connection ended (or its turn did not come by the deadline)."""
-        left = remaining(deadline)
-        if not peer.turn.acquire(timeout=-1 if left is None else left):
+        left = -1 if deadline is None else max(deadline - time.monotonic(), 0.0)  # remaining
+        if not peer.turn.acquire(timeout=left):
             return None
         try:
             while True:
@@ -434,6 +435,8 @@ class TcpHub(Hub):
         except TransportError as exc:
             self._end_turns(peer, str(exc))
             return None
+        if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
+            return msg
         event = session.receive(msg)
         if isinstance(event, Data):
             return msg
@@ -608,6 +611,8 @@ class TcpChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
+            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
+                return msg
             event = self._session.receive(msg)
             if isinstance(event, Data):
                 return msg

@@ -484,7 +484,8 @@ class MessageStream:
 
     def next_buffer(self) -> memoryview:
         """Where the next incoming bytes belong (at most ``max_read`` bytes); fill, then advance."""
-        self._check_usable()
+        if self.broken:  # _check_usable, inline: once per read
+            self._check_usable()
         return self._dst[self._pos : self._pos + self.max_read]
 
     def advance(self, n: int) -> None:
