@@ -106,6 +106,12 @@ def test_codec_round_trip_and_negotiation(make_hub, connect):
     assert records["limited"].codecs == "raw" and records["limited"].bytes_encoded > ones.nbytes
     _assert_same(full.recv(timeout=T)["x"], ones)
     _assert_same(limited.recv(timeout=T)["x"], ones)
+    for cid, codec in (("full", "lz4"), ("limited", "raw"), ("full", "lz4")):  # chosen per peer
+        assert hub.send(cid, {"x": ones}).codecs == codec
+    hub.set_codec(None)  # a new codec: the choice is made again
+    assert hub.send("full", {"x": ones}).codecs == "raw"
+    for ch in (full, full, limited, full):
+        _assert_same(ch.recv(timeout=T)["x"], ones)
 
 
 def test_broadcast_to_eight_and_gather(make_hub, connect):

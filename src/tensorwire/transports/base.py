@@ -352,6 +352,8 @@ class _Endpoint:
     def __init__(self, codec: Any, checksum: bool, limits: Limits) -> None:
         self.codec_spec = codec
         self.selector: CodecSelector = resolve_codecs(codec)
+        # (selector, raw_below, codecs kept to what the peer decodes) by the peer's decoders
+        self._codecs_for: dict[frozenset[str], tuple[Any, float, Any]] = {}
         self.checksum = checksum
         self.limits = limits
         self.records = RecordLog()
@@ -379,10 +381,16 @@ class _Endpoint:
         """Encode with this endpoint's codecs, keeping to those the peer can decode; a message
         larger than the peer accepts raises :class:`MessageTooLarge` here, at the sender."""
         selector = self.selector
-        # codec=None: nothing to choose per tensor (half the cost of encoding a stream batch);
-        # tensors under the selector's min_size go raw without asking it (small messages)
-        raw_below = _raw_below(selector)
-        allowed = None if raw_below == math.inf else _DecodableCodecs(selector, peer_decoders)
+        chosen = self._codecs_for.get(peer_decoders)
+        if chosen is None or chosen[0] is not selector:
+            # codec=None: nothing to choose per tensor (half the cost of encoding a stream
+            # batch); tensors under the selector's min_size go raw without asking it
+            raw_below = _raw_below(selector)
+            allowed = None if raw_below == math.inf else _DecodableCodecs(selector, peer_decoders)
+            if len(self._codecs_for) >= _MAX_DECODER_SETS:  # peers choose them: bounded
+                self._codecs_for.clear()
+            chosen = self._codecs_for[peer_decoders] = (selector, raw_below, allowed)
+        _, raw_below, allowed = chosen
         enc = encode_message(
             tensors, meta, codecs=allowed, checksum=self.checksum, kind=kind, raw_below=raw_below
         )
@@ -1129,6 +1137,9 @@ class Channel(_Endpoint):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_MAX_DECODER_SETS = 64  # distinct decoder sets whose codec choice an endpoint keeps
 
 
 def _raw_below(selector: Any) -> float:

@@ -140,7 +140,8 @@ def header_check(header: bytes | memoryview) -> int:
 
 def pack_prefix(header: bytes, body_length: int, digests: bool) -> bytes:
     flags = FLAG_DIGESTS if digests else 0
-    return PREFIX.pack(MAGIC, VERSION, flags, 0, len(header), header_check(header), body_length)
+    check = xxhash.xxh3_64_intdigest(header) & 0xFFFFFFFF  # header_check, inline: per message
+    return PREFIX.pack(MAGIC, VERSION, flags, 0, len(header), check, body_length)
 
 
 def parse_prefix(data: bytes | bytearray | memoryview, limits: Limits) -> Prefix:
