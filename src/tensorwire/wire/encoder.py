@@ -236,7 +236,9 @@ def encode_message(
     if flat is not None:
         arrays, plan = flat
         if codecs is None or plan.max_nbytes < raw_below:  # every tensor goes raw as it is
-            buffers = [arr.data.cast("B") for arr in arrays]
+            buffers = []
+            for arr in arrays:  # a loop, not a comprehension: no frame of its own (3.11)
+                buffers.append(arr.data.cast("B"))
             if not meta and kind == "data" and type(t0) is float:
                 return _framed_data(buffers, plan, t0, checksum, start)
             return _framed(plan.raw_tensors, "raw", buffers, plan, kind, meta, t0, checksum, start)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -60,36 +60,36 @@ def pack(obj: Any) -> bytes:
 
 class BoundedCache(Generic[K, V]):
     """A dict that holds at most ``max_entries`` values and ``max_bytes`` of their cost,
-    evicting the oldest first. Lookups take no lock; inserts do."""
+    evicting the oldest first. Lookups take no lock (``get`` is the dict's own); inserts do."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._items: dict[K, tuple[V, int]] = {}
+        self._values: dict[K, V] = {}
+        self._costs: dict[K, int] = {}
         self._bytes = 0
         self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        found = self._items.get(key)
-        return None if found is None else found[0]
+        self.get: Callable[[K], V | None] = self._values.get  # no Python frame per lookup
 
     def put(self, key: K, value: V, cost: int) -> None:
         """Keep ``value`` unless its ``cost`` (bytes) alone is over the bound."""
         if cost > self.max_bytes:
             return
         with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            while self._items and (
-                len(self._items) >= self.max_entries or self._bytes + cost > self.max_bytes
+            self._values.pop(key, None)
+            self._bytes -= self._costs.pop(key, 0)
+            while self._values and (
+                len(self._values) >= self.max_entries or self._bytes + cost > self.max_bytes
             ):
-                self._bytes -= self._items.pop(next(iter(self._items)))[1]
-            self._items[key] = (value, cost)
+                oldest = next(iter(self._values))
+                del self._values[oldest]
+                self._bytes -= self._costs.pop(oldest)
+            self._values[key] = value
+            self._costs[key] = cost
             self._bytes += cost
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._values)
 
     @property
     def nbytes(self) -> int:
@@ -98,7 +98,8 @@ class BoundedCache(Generic[K, V]):
 
     def clear(self) -> None:
         with self._lock:
-            self._items.clear()
+            self._values.clear()
+            self._costs.clear()
             self._bytes = 0
 
 
