@@ -683,7 +683,10 @@ class Hub(_Endpoint):
         """
         started = time.perf_counter()
         enc = self._encode_to(client_id, tensors, meta)
-        return self._send_one(client_id, enc, deadline_after(timeout), started)
+        deadline = None if timeout is None else time.monotonic() + timeout  # deadline_after
+        t = time.perf_counter()
+        self._send_encoded(client_id, enc, deadline)
+        return self._note_send(client_id, enc, time.perf_counter() - t, started)
 
     def _encode_to(
         self, client_id: str, tensors: Mapping[str, Any] | None, meta: Mapping[str, Any] | None
@@ -714,13 +717,6 @@ class Hub(_Endpoint):
         if self._closed:
             return f"the hub at {redacted(self.url)} is closed"
         return f"client {client_id!r} is not connected (connected: {self.clients})"
-
-    def _send_one(
-        self, client_id: str, enc: EncodedMessage, deadline: float | None, started: float
-    ) -> TransferRecord:
-        t = time.perf_counter()
-        self._send_encoded(client_id, enc, deadline)
-        return self._note_send(client_id, enc, time.perf_counter() - t, started)
 
     def broadcast(
         self,
@@ -1029,8 +1025,9 @@ class Channel(_Endpoint):
         enc = self._encode_for(
             tensors, meta, self.hub_decoders, peer_max_bytes=self.hub_max_bytes, peer="the hub"
         )
+        deadline = None if timeout is None else time.monotonic() + timeout  # deadline_after
         t = time.perf_counter()
-        self._send_encoded(enc, deadline_after(timeout))
+        self._send_encoded(enc, deadline)
         return self._note_send("hub", enc, time.perf_counter() - t, started)
 
     def recv(

@@ -530,15 +530,14 @@ class StreamReader:
                 poller.register(self.sock, select.POLLIN)
                 poller.register(wake, select.POLLIN)
         while True:
-            event = stream.next_event()
-            if event is not NEED_DATA:
-                return event
-            dst = stream.next_buffer()
+            dst = stream.next_read(STAGING_BYTES)
+            if dst is not None and type(dst) is not memoryview:
+                return dst  # a message was complete
             if poller is not None:
                 assert wake is not None
                 self._wait(poller, wake, deadline)
             try:
-                if len(dst) >= STAGING_BYTES or stream.reads_direct:
+                if dst is not None:
                     n = self.sock.recv_into(dst, 0, flags)
                     if n:
                         stream.advance(n)

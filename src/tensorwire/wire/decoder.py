@@ -488,6 +488,23 @@ class MessageStream:
             self._check_usable()
         return self._dst[self._pos : self._pos + self.max_read]
 
+    def next_read(self, direct_from: int) -> Message | memoryview | None:
+        """A reader's next step, in one call (:meth:`next_event`, :meth:`next_buffer` and
+        :attr:`reads_direct`): the next complete message if one waits (raising a bad one's
+        error); else the view to read into directly, when the next bytes belong in a
+        message's own buffer or at least ``direct_from`` of them are due; else None: read
+        into a staging buffer and hand that to :meth:`receive_one`."""
+        if self._events:
+            event = self.next_event()
+            assert event is not NEED_DATA
+            return event
+        if self.broken:
+            self._check_usable()
+        due = min(len(self._dst) - self._pos, self.max_read)
+        if self._phase == _WHOLE or due >= direct_from:
+            return self._dst[self._pos : self._pos + due]
+        return None
+
     def advance(self, n: int) -> None:
         """Report that ``n`` bytes were written into the view :meth:`next_buffer` returned."""
         if n <= 0:
