@@ -32,6 +32,15 @@ SCHEMES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_log_limits() -> None:
+    """Each test sees the hub's rate-limited warnings (one per kind and host every 10 s): a
+    test that looks for one is not silenced by an earlier test's same warning."""
+    from tensorwire.transports import base
+
+    base._last_logged.clear()
+
+
 @pytest.fixture(params=sorted(SCHEMES))
 def scheme(request: pytest.FixtureRequest) -> str:
     return request.param
