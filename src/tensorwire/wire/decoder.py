@@ -385,12 +385,12 @@ def _decode_first_known(
         layout = None
         if not meta:
             layout = KnownLayout(kind, table)
-        elif specs:  # meta with tensors changes from message to message (rounds, batches)
-            pass
-        elif SEEN_ONCE.get(key):  # meta alone (acknowledgements, control), seen before
-            layout = KnownLayout(kind, table, known_meta_bytes(header, span))
-        else:
-            SEEN_ONCE.put(key, True, len(key))
+        elif not specs:  # meta alone (acknowledgements, control): kept when it comes again
+            if SEEN_ONCE.get(key):
+                layout = KnownLayout(kind, table, known_meta_bytes(header, span))
+            else:
+                SEEN_ONCE.put(key, True, len(key))
+        # (meta beside tensors changes from message to message: rounds, batches)
         if layout is not None:
             KNOWN_LAYOUTS.put(key, layout, len(header) + layout.cost)
     msg = Message(
@@ -484,8 +484,7 @@ class MessageStream:
 
     def next_buffer(self) -> memoryview:
         """Where the next incoming bytes belong (at most ``max_read`` bytes); fill, then advance."""
-        if self.broken:  # _check_usable, inline: once per read
-            self._check_usable()
+        self._check_usable()
         return self._dst[self._pos : self._pos + self.max_read]
 
     def next_read(self, direct_from: int) -> Message | memoryview | None:
