@@ -309,3 +309,20 @@ def test_garbage_at_the_transport_level_is_dropped_and_others_served(
     _assert_same(good.recv(timeout=T)["v"], np.arange(3))
     good.send({"v": np.arange(2)})
     assert hub.recv(timeout=T)[0] == "good"
+
+
+def test_the_codec_choice_kept_per_peer_decoder_set_stays_bounded():
+    """Peers choose the decoder sets they announce: a hub keeps its codec choice for at most
+    64 of them, whatever a stream of strangers announces."""
+    from tensorwire.transports.base import _MAX_DECODER_SETS
+
+    hub = tensorwire.serve("tcp://127.0.0.1:0", codec="lz4")
+    try:
+        big = {"x": np.ones((256, 256))}
+        for i in range(10 * _MAX_DECODER_SETS):
+            enc = hub._encode_for(big, None, frozenset({"lz4", f"made-up-{i}"}))
+            assert enc.codec_label == "lz4"
+            assert len(hub._codecs_for) <= _MAX_DECODER_SETS
+        assert hub._encode_for(big, None, frozenset()).codec_label == "raw"  # decodes nothing
+    finally:
+        hub.close()
