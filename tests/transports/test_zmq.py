@@ -686,7 +686,7 @@ def test_recv_reads_on_the_callers_thread_and_the_reader_takes_over_after(hub):
 
         def noting_reader(*args):
             readers.append(threading.get_ident())
-            handle(*args)
+            return handle(*args)
 
         hub._on_message = noting_reader
         for i in range(20):

@@ -117,6 +117,7 @@ from tensorwire.transports.session import (
     Data,
     Hello,
     HubSession,
+    State,
     Welcomed,
     bye,
 )
@@ -438,7 +439,7 @@ def _readable(sock: zmq.Socket) -> bool:
     """Whether ``sock`` holds a message, without raising as a failed read does. libzmq takes
     the socket's pending commands first, so when it says no, the socket's FD is armed: it
     signals the next change (ZMQ_FD is edge-triggered)."""
-    return bool(cast(int, sock.get(_EVENTS)) & _POLLIN)  # pyzmq types options int | bytes
+    return bool(sock.get(_EVENTS) & _POLLIN)  # type: ignore[operator]  # typed int | bytes
 
 
 def _recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
@@ -492,7 +493,7 @@ class _Reassembler:
         """
         events: list[Message | WireError] = []
         head = frames[0].buffer
-        marker = bytes(head[:1])
+        marker = head[:1]
         if marker == START:
             if self._stream.in_message:
                 events.append(
@@ -510,24 +511,27 @@ class _Reassembler:
                     "message (no segment marker)"
                 )
             ]
-        step = self._stream.max_read
+        stream = self._stream
         try:
-            views = (head[1:], *(f.buffer for f in frames[1:]))
             if len(frames) == 1 and marker == START:  # most likely a whole small message
-                msg = self._stream.receive_one(head[1:])
+                msg = stream.receive_one(head[1:])
                 if msg is not None:
+                    if events:
+                        events.append(msg)
+                        return events
                     return [msg]
-                views = ()  # the stream took it: its messages wait there
-            for view in views:
-                for start in range(0, len(view), step):
-                    self._stream.receive_data(view[start : start + step])
+            else:
+                step = stream.max_read
+                for view in (head[1:], *(f.buffer for f in frames[1:])):
+                    for start in range(0, len(view), step):
+                        stream.receive_data(view[start : start + step])
         except WireError as exc:  # framing lost: drop this message, resume at the next START
             self._stream = self._new_stream()
             events.append(exc)
             return events
         while True:
             try:
-                event = self._stream.next_event()
+                event = stream.next_event()
             except WireError as exc:  # a bad message the stream skipped to its end
                 events.append(exc)
                 continue
@@ -627,11 +631,11 @@ class ZmqHub(Hub):
         self._stopping = False
         self._polling = False  # a reader may wait on the ROUTER's FD (guarded by _lock)
         self._route: dict[str, bytes] = {}  # client id -> routing id of its current session
-        # Who reads the ROUTER (the reader thread or a recv caller: see recv), under _turns:
-        turns = threading.Lock()
-        self._turn = threading.Condition(turns)  # recv callers wait here for their turn
-        self._parked = threading.Condition(turns)  # the reader thread waits here for its turn
-        self._reader: int | None = None  # thread id of the one reading now
+        # Who reads the ROUTER: whoever holds _reading (the reader thread or a recv caller).
+        self._reading = threading.Lock()
+        self._turns_lock = threading.Lock()  # guards the three below
+        self._parked = threading.Condition(self._turns_lock)  # the reader thread waits here
+        self._thread_reads = False  # the reader thread holds _reading
         self._callers = 0  # recv calls that read, or wait to
         self._callers_left_at = 0.0  # time.monotonic() when the last one stopped reading
         # Owned by whoever reads:
@@ -672,48 +676,44 @@ class ZmqHub(Hub):
         stays away while recv is called, and for CALLER_LINGER_S after); a second caller
         waits for its turn, or for a message the first one read.
         """
-        deadline = deadline_after(timeout)
-        with self._cond:
-            if self._inbox:
-                return self._inbox.popleft()
-        reading = False
-        with self._turn:
+        deadline = None if timeout is None else time.monotonic() + timeout  # deadline_after
+        if self._inbox:  # a look without the lock; taken under it
+            with self._cond:
+                if self._inbox:
+                    return self._inbox.popleft()
+        with self._turns_lock:
             self._callers += 1
+            if self._thread_reads:
+                _wake(self._wake_w)  # out of its poll: it gives way to callers
         try:
-            with self._turn:
-                while self._reader is not None:
-                    if self._reader == self._io.ident:
-                        _wake(self._wake_w)  # out of its poll: it gives way to callers
-                    left = remaining(deadline)
-                    if left == 0.0:
-                        raise TransportTimeout(f"no message within {timeout} s")
-                    self._turn.wait(left)
-                    with self._cond:
-                        if self._inbox:  # the caller before us read it
-                            return self._inbox.popleft()
-                self._reader = threading.get_ident()
-                reading = True
-            return self._read_for_caller(deadline, timeout)
+            left = -1 if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not self._reading.acquire(timeout=left):
+                raise TransportTimeout(f"no message within {timeout} s")
+            try:
+                return self._read_for_caller(deadline, timeout)
+            finally:
+                self._polling = False  # nobody waits on the FD until the next read
+                self._reading.release()  # the next caller's turn
         finally:
-            with self._turn:
+            with self._turns_lock:
                 self._callers -= 1
-                if reading:
-                    self._reader = None
-                    self._polling = False  # nobody waits on the FD until the next read
-                    self._callers_left_at = time.monotonic()
-                self._turn.notify_all()  # the next caller's turn
+                self._callers_left_at = time.monotonic()
 
     def _read_for_caller(
         self, deadline: float | None, timeout: float | None
     ) -> tuple[str, Message]:
+        """Read the ROUTER in a ``recv`` (``_reading`` held) until a message is in."""
         while True:
+            if self._inbox:  # the caller before us, or the reader thread, read it
+                with self._cond:
+                    if self._inbox:
+                        return self._inbox.popleft()
             if self._stopping:
                 raise TransportTimeout(f"no message within {timeout} s: the hub is closed")
-            empty = self._read_step(1)  # one at a time: return what the first one brings
-            with self._cond:
-                if self._inbox:
-                    return self._inbox.popleft()
-            if empty:
+            got = self._read_step(1, take=True)  # one at a time: return what it brings
+            if isinstance(got, tuple):
+                return got
+            if got:  # the ROUTER was empty
                 left = remaining(deadline)
                 if left == 0.0:
                     raise TransportTimeout(f"no message within {timeout} s")
@@ -721,21 +721,20 @@ class ZmqHub(Hub):
 
     def _run(self) -> None:
         """The reader thread: reads the ROUTER while no recv caller does."""
-        me = threading.get_ident()
         while True:
-            with self._turn:
+            with self._turns_lock:
                 while not self._stopping:
                     # Callers do not wake it when they stop: it looks again every linger.
-                    if self._callers or self._reader is not None:
+                    if self._callers:
                         self._parked.wait(CALLER_LINGER_S)
                         continue
                     idle = time.monotonic() - self._callers_left_at
-                    if idle >= CALLER_LINGER_S:
+                    if idle >= CALLER_LINGER_S and self._reading.acquire(False):
+                        self._thread_reads = True
                         break
-                    self._parked.wait(CALLER_LINGER_S - idle)
+                    self._parked.wait(max(CALLER_LINGER_S - idle, 0.001))
                 if self._stopping:
                     return
-                self._reader = me
             try:
                 while not (self._callers or self._stopping):
                     if self._read_step(READ_BATCH) and not (self._callers or self._stopping):
@@ -743,26 +742,30 @@ class ZmqHub(Hub):
             except Exception:  # serve on: the next read may do better
                 log.exception("zmq: the hub's reader thread failed a read")
             finally:
-                with self._turn:
-                    self._reader = None
+                with self._turns_lock:
+                    self._thread_reads = False
                     self._polling = False  # nobody waits on the FD until the next read
-                    self._turn.notify_all()
+                    self._reading.release()
 
-    def _read_step(self, limit: int) -> bool:
+    def _read_step(self, limit: int, take: bool = False) -> bool | tuple[str, Message]:
         """Read and handle up to ``limit`` messages; True if the ROUTER was found empty and no
-        closed connection waits for another read (then wait before the next step)."""
+        closed connection waits for another read (then wait before the next step). ``take``
+        (a recv caller): return the first data message read instead of queueing it."""
         if self._monitor_due:
             self._monitor_due = False
             self._read_monitor()
         closed_before_read = len(self._closing)
         batch, more = self._read_batch(limit)
+        got = None
         for frames in batch:
             ident = frames[0].bytes
             try:
-                self._on_message(ident, frames[1:])
+                got = self._on_message(ident, frames[1:], take and got is None) or got
             except Exception:  # e.g. an on_join callback that raised: serve the others
                 log.exception("zmq: handling a message from %r failed", _peer_name(ident))
         del batch  # hand libzmq its buffers back before waiting
+        if got is not None:
+            return got
         if more:
             return False
         # The ROUTER was empty: it held the last messages of connections closed earlier.
@@ -854,7 +857,12 @@ class ZmqHub(Hub):
                 except Exception:  # an on_leave callback that raised: the others still leave
                     log.exception("zmq: ending the session of %r failed", peer.client_id)
 
-    def _on_message(self, ident: bytes, frames: list[zmq.Frame]) -> None:
+    def _on_message(
+        self, ident: bytes, frames: list[zmq.Frame], take: bool = False
+    ) -> tuple[str, Message] | None:
+        """Act on one ZeroMQ message from ``ident``. ``take``: return the first data message
+        it completes (as :meth:`_take_delivered`) instead of queueing it."""
+        got = None
         peer = self._peers.get(ident)
         reader = peer.reader if peer is not None else self._stranger(ident)
         for event in reader.feed(frames):
@@ -862,6 +870,11 @@ class ZmqHub(Hub):
                 self._rejected(peer.client_id if peer else self._who(ident, frames), event)
             elif peer is None:
                 peer = self._open(ident, event, frames, reader)
+            elif event.kind == "data" and peer.session.state is State.OPEN:  # Data, unmade
+                if take and got is None:
+                    got = self._take_delivered(peer.client_id, event)
+                else:
+                    self._delivered(peer.client_id, event)
             else:
                 outcome = peer.session.receive(event)
                 if isinstance(outcome, Data):
@@ -873,6 +886,7 @@ class ZmqHub(Hub):
                     log.debug("zmq: %r: %s", peer.client_id, outcome)
         if peer is None and not reader.in_message:
             self._strangers.pop(ident, None)  # strangers keep no state between their messages
+        return got
 
     def _stranger(self, ident: bytes) -> _Reassembler:
         """The reader of a peer without a session: a stranger's first message is read under
@@ -1063,17 +1077,20 @@ class ZmqHub(Hub):
         """Queue a message that goes as one copied frame, if the client's queue has room: no
         trackers to wait on, nothing to share. False to leave it to :meth:`_deliver`, which
         also says why a send fails."""
-        piece = next(_pieces(enc))
+        frame = b"".join([START, *enc.frames()])  # next(_pieces(enc)), without the generator
         with self._lock:
             ident = None if self._stopping else self._route.get(client_id)
             if ident is None:
                 return False
-            try:
-                return _queue_piece(self._router, piece, [], ident)
-            except zmq.ZMQError:  # a gone client fails the first frame, before anything is queued
+            try:  # as _queue_piece: libzmq checks the queue's room at the first frame only
+                self._router.send(ident, _SEND_MORE)
+                self._router.send(frame, _SEND_LAST)
+                return True
+            except zmq.ZMQError:  # a full queue or a gone client fail the first frame
                 return False
             finally:
-                self._check_readable()
+                if self._polling:
+                    self._check_readable()
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
@@ -1084,11 +1101,12 @@ class ZmqHub(Hub):
     def _close_transport(self) -> None:
         with self._lock:
             self._stopping = True
-        with self._turn:
+        with self._turns_lock:
             self._parked.notify_all()
-            _wake(self._wake_w)  # out of its poll, whoever reads
-            stopped = self._turn.wait_for(lambda: self._reader is None, timeout=10)
-            self._turn.notify_all()  # callers waiting for a turn: the hub is closed
+        _wake(self._wake_w)  # out of its poll, whoever reads
+        stopped = self._reading.acquire(timeout=10)
+        if stopped:  # callers waiting for a turn take it, and find the hub closed
+            self._reading.release()
         self._io.join(timeout=10)
         if not stopped or self._io.is_alive():
             log.error("zmq: the hub's reader did not stop; leaving its sockets open")
@@ -1108,39 +1126,46 @@ class ZmqHub(Hub):
 
 
 class _Turns:
-    """One thread at a time on a channel's sockets: ``with turns:``. A thread that finds them
-    taken calls ``wake`` (the holder may wait in ``poll``); the holder, woken, lets it go
-    first (:meth:`step_aside`), so a channel used from one thread pays no hand-off."""
+    """One thread at a time on a channel's sockets: ``with turns:``, or on the hot paths
+    ``lock.acquire(False)`` and :meth:`wait_turn` when that fails, then ``lock.release()`` (a
+    plain lock: no Python frames when uncontended). A thread that finds them taken calls
+    ``wake`` (the holder may wait in ``poll``); the holder, woken, lets it go first
+    (:meth:`step_aside`), so a channel used from one thread pays no hand-off."""
 
     def __init__(self, wake: Callable[[], None]) -> None:
-        self._cv = threading.Condition()
-        self._busy = False  # a thread holds the sockets
-        self._waiting = 0  # threads that want them
+        self.lock = threading.Lock()  # held by the thread using the sockets
+        self._cv = threading.Condition(threading.Lock())  # guards _waiting
+        self._waiting = 0  # threads that want the sockets
         self._wake = wake
 
     def __enter__(self) -> None:
-        with self._cv:
-            if self._busy:
-                self._waiting += 1
-                self._wake()
-                while self._busy:
-                    self._cv.wait()
-                self._waiting -= 1
-            self._busy = True
+        if not self.lock.acquire(False):
+            self.wait_turn()
 
     def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+    def wait_turn(self) -> None:
+        """Take the sockets from the thread that holds them (``lock`` acquired on return)."""
         with self._cv:
-            self._busy = False
-            self._cv.notify_all()
+            self._waiting += 1
+        try:
+            self._wake()
+            self.lock.acquire()
+        finally:
+            with self._cv:
+                self._waiting -= 1
+                self._cv.notify_all()
 
     def step_aside(self) -> None:
         """Give the sockets to the threads waiting for them; take them back after."""
-        with self._cv:
-            self._busy = False
-            self._cv.notify_all()
-            while self._busy or self._waiting:
-                self._cv.wait()
-            self._busy = True
+        self.lock.release()
+        try:
+            with self._cv:
+                while self._waiting:  # each one counts itself out once it holds the lock
+                    self._cv.wait()
+        finally:
+            self.lock.acquire()
 
 
 class ZmqChannel(Channel):
@@ -1330,6 +1355,22 @@ class ZmqChannel(Channel):
     # -- sending -----------------------------------------------------------------------
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
+        if enc.nbytes < _COPY_BYTES:  # one frame, copied by libzmq: no trackers to wait on
+            frame = b"".join([START, *enc.frames()])
+            turns = self._owning
+            if not turns.lock.acquire(False):
+                turns.wait_turn()
+            try:
+                while True:
+                    if self._closed or self._lost or self._refusal is not None:
+                        self._check_usable()
+                    try:
+                        self._dealer.send(frame, _SEND_LAST)
+                        return
+                    except zmq.Again:  # not connected, or its queue is full
+                        self._wait_writable(deadline)
+            finally:
+                turns.lock.release()
         trackers: list[zmq.MessageTracker] = []
         # The sockets stay ours until the last piece is queued: another sender's pieces
         # must not come between them.
@@ -1360,40 +1401,67 @@ class ZmqChannel(Channel):
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         while True:
-            msg = self._next_message(deadline, out)
-            event = self._session.receive(msg)
+            msg: Message | WireError | None
+            if self._pending:
+                msg = self._pending.popleft()
+            else:
+                events = self._reader.feed(self._next_frames(deadline), out)
+                msg = events[0] if len(events) == 1 else self._first_of(events)
+                if msg is None:
+                    continue
+            if isinstance(msg, WireError):
+                raise msg
+            session = self._session
+            if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
+                return msg
+            event = session.receive(msg)
             if isinstance(event, Data):
                 return msg
             if isinstance(event, Closed):
                 self._drop()
-                raise self._session.closed_error()
+                raise session.closed_error()
             log.debug("zmq: from the hub at %s: %s", self.url, event)
+
+    def _first_of(self, events: list[Message | WireError]) -> Message | WireError | None:
+        """The first of ``events`` (the others wait in ``_pending``); None if there are none."""
+        self._pending.extend(events)
+        return self._pending.popleft() if self._pending else None
 
     def _next_message(self, deadline: float | None, out: Any) -> Message:
         """The next message of any kind; its WireError if it was malformed."""
         while not self._pending:
-            frames = self._next_frames(deadline)
-            self._pending.extend(self._reader.feed(frames, out))
-            del frames  # hand libzmq its buffers back before waiting again
+            self._pending.extend(self._reader.feed(self._next_frames(deadline), out))
         event = self._pending.popleft()
         if isinstance(event, WireError):
             raise event
         return event
 
     def _next_frames(self, deadline: float | None) -> list[zmq.Frame]:
-        with self._owning:
+        """The frames of the DEALER's next ZeroMQ message, waiting for it until ``deadline``."""
+        turns = self._owning
+        if not turns.lock.acquire(False):
+            turns.wait_turn()
+        try:
+            dealer = self._dealer
             while True:
-                self._check_usable()
-                if _readable(self._dealer):
-                    return _recv_frames(self._dealer)
-                left = remaining(deadline)
-                if left == 0.0:
-                    raise TransportTimeout(f"no message from the hub at {self.url} in time")
-                for fd, _ in self._poll_in.poll(_poll_ms(left)):
+                if self._closed or self._lost or self._refusal is not None:
+                    self._check_usable()
+                if dealer.get(_EVENTS) & _POLLIN:  # type: ignore[operator]  # _readable
+                    return _recv_frames(dealer)
+                if deadline is None:
+                    ms = None
+                else:  # _poll_ms(remaining(deadline))
+                    left = deadline - time.monotonic()
+                    if left <= 0.0:
+                        raise TransportTimeout(f"no message from the hub at {self.url} in time")
+                    ms = int(left * 1000) + 1
+                for fd, _ in self._poll_in.poll(ms):
                     if fd == self._monitor_fd:
                         self._read_monitor()  # lost: what arrived before is still read first
                     elif fd == self._wake_fd:
                         self._step_aside()
+        finally:
+            turns.lock.release()
 
     # -- closing -----------------------------------------------------------------------
 
