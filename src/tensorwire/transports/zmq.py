@@ -768,8 +768,8 @@ class ZmqHub(Hub):
             return got
         if more:
             return False
-        # The ROUTER was empty: it held the last messages of connections closed earlier.
-        self._forget_closed(closed_before_read)
+        if closed_before_read:  # the ROUTER was empty: it held their last messages
+            self._forget_closed(closed_before_read)
         return not self._closing
 
     def _wait(self, seconds: float | None) -> None:
@@ -777,7 +777,7 @@ class ZmqHub(Hub):
 
         ZMQ_FD is edge-triggered: wait on it only after the ROUTER was found empty; a sender
         that may have consumed its edge meanwhile wakes us instead (_check_readable)."""
-        for fd, _ in self._poll.poll(_poll_ms(seconds)):
+        for fd, _ in self._poll.poll(None if seconds is None else int(seconds * 1000) + 1):
             if fd == self._monitor_fd:
                 self._monitor_due = True
             elif fd == self._wake_fd:
@@ -790,11 +790,12 @@ class ZmqHub(Hub):
             self._polling = False
             if self._stopping:
                 return batch, False
+            router = self._router
             for _ in range(limit):
-                if not _readable(self._router):
+                if not router.get(_EVENTS) & _POLLIN:  # type: ignore[operator]  # _readable
                     self._polling = True
                     return batch, False
-                batch.append(_recv_frames(self._router))
+                batch.append(_recv_frames(router))
         return batch, True
 
     def _check_readable(self) -> None:
