@@ -161,11 +161,17 @@ def _batch_bytes(batch: pa.RecordBatch) -> memoryview:
     return memoryview(data).cast("B")[int(bounds[0]) : int(bounds[-1])]
 
 
-def _feed(stream: MessageStream, batch: pa.RecordBatch) -> None:
-    """Feed a received batch's bytes to ``stream``, a cache-sized piece at a time."""
+def _feed(stream: MessageStream, batch: pa.RecordBatch) -> Message | None:
+    """Feed a received batch's bytes to ``stream``, a cache-sized piece at a time; return the
+    message when the batch is one whole message of at most ``FEED_BYTES`` that starts where
+    the stream is at a message's start (decoded in one pass: :meth:`MessageStream.receive_one`),
+    else None (the stream's events say what the bytes completed)."""
     data = _batch_bytes(batch)
+    if len(data) <= FEED_BYTES:
+        return stream.receive_one(data)
     for start in range(0, len(data), FEED_BYTES):
         stream.receive_data(data[start : start + FEED_BYTES])
+    return None
 
 
 def _control(meta: pa.Buffer, limits: Limits) -> Message:
@@ -536,11 +542,13 @@ class FlightHub(Hub):
                 return f"stream broke: {exc}"
             if chunk.data is not None:
                 try:
-                    _feed(stream, chunk.data)
+                    whole = _feed(stream, chunk.data)
                 except WireError as exc:  # the framing is lost: nothing after it is safe
                     self._deliver(peer, stream)
                     self._rejected(peer.client_id, exc)
                     return f"sent bytes that are not a tensorwire message ({exc})"
+                if whole is not None and (reason := self._act(peer, whole)):
+                    return reason
                 if reason := self._deliver(peer, stream):
                     return reason
             if chunk.app_metadata is not None:
@@ -904,10 +912,16 @@ class FlightChannel(Channel):
                 self._drop()
                 raise
             try:
-                _feed(s.stream, batch)
+                whole = _feed(s.stream, batch)
             except WireError:
                 self._drop()  # framing is lost with the bytes of a bad batch
                 raise
+            if whole is not None:  # as next_event would give it, without the queue
+                if whole.kind == "data":
+                    return whole
+                if isinstance(s.session.receive(whole), Closed):
+                    self._drop()
+                    raise s.session.closed_error()
 
     def _drop(self) -> None:
         """End the session at once, without a goodbye."""
