@@ -557,3 +557,85 @@ def _fixed(name: str):
     from tensorwire.codecs import resolve_codecs
 
     return resolve_codecs(name)
+
+
+def _meta_layout_of(data: bytes):
+    from tensorwire.wire.format import meta_cut
+    from tensorwire.wire.plans import META_LAYOUTS
+
+    prefix = parse_prefix(data, Limits())
+    key = data[PREFIX_SIZE : PREFIX_SIZE + prefix.header_length - 8]
+    cut = meta_cut(key)
+    return None if cut is None else META_LAYOUTS.get(key[: cut[0]] + key[cut[1] :])
+
+
+def _batch(seq: int, tensors: dict) -> bytes:
+    """A stream batch's message: the same tensors' table, a meta that changes every time."""
+    meta = {"tw.stream": ["5f3a", seq, 16, 100.0 + seq], "note": "x" * (seq % 3)}
+    return encode_message(tensors, meta, t0=float(seq)).to_bytes()
+
+
+def test_a_meta_beside_tensors_is_read_with_a_layout_of_the_rest() -> None:
+    tensors = {"c0": np.arange(8, dtype=np.int64), "c1": np.ones((2, 3), np.float32)}
+    _streamed(_batch(0, tensors))  # validates the table
+    assert _meta_layout_of(_batch(1, tensors)) is None
+    _streamed(_batch(1, tensors))  # a known table: the layout of the rest is kept
+    kept = _meta_layout_of(_batch(2, tensors))
+    assert kept is not None and _layout_of(_batch(2, tensors)) is None
+    seen = []
+    for seq in range(2, 12):
+        data = _batch(seq, {k: v + seq for k, v in tensors.items()})
+        assert _meta_layout_of(data) is kept  # whatever the meta, the same layout
+        got = _streamed(data)
+        assert got.meta == msgpack.unpackb(header_of(data))["meta"] and got.t0 == seq
+        assert got.kind == "data" and got.keys() == tensors.keys()
+        for name in tensors:
+            np.testing.assert_array_equal(got[name], tensors[name] + seq)
+            assert got[name].flags.writeable
+        seen.append(got.meta)
+    assert len({id(m) for m in seen}) == len(seen)  # each message's meta is its own
+
+
+@pytest.mark.parametrize("meta_bytes", ["a list", "two values", "a map cut short"])
+def test_a_meta_layout_reads_only_a_meta_that_is_exactly_one_map(meta_bytes: str) -> None:
+    """A forged meta around a known layout: the header check passes (it is recomputed), so
+    the layout path itself must refuse what the full parse refuses."""
+    from tensorwire.wire.decoder import decode_known
+    from tensorwire.wire.format import FLAG_DIGESTS, meta_cut
+
+    tensors = {"x": np.arange(16, dtype=np.uint8)}
+    for seq in range(3):
+        _streamed(_batch(seq, tensors))
+    good = _batch(3, tensors)
+    assert _meta_layout_of(good) is not None
+    prefix = parse_prefix(good, Limits())
+    header = header_of(good)
+    start, end = meta_cut(header[:-8])
+    forged_meta = {
+        "a list": msgpack.packb([1, 2]),
+        "two values": msgpack.packb({"a": 1}) + msgpack.packb(1),
+        "a map cut short": msgpack.packb({"k": "v"})[:-1],
+    }[meta_bytes]
+    forged = header[:start] + forged_meta + header[end:]
+    body = good[PREFIX_SIZE + prefix.header_length :]
+    data = build_prefix(forged, len(body), flags=FLAG_DIGESTS) + forged + body
+    assert _meta_layout_of(data) is _meta_layout_of(good)  # the rest matches the layout
+    assert decode_known(memoryview(data), Limits(), None) is None  # left to the full checks
+    with pytest.raises(MalformedHeader):
+        decode_message(data)
+    stream = MessageStream()
+    with pytest.raises(MalformedHeader):
+        stream.receive_data(data + good)
+        stream.next_event()
+    assert stream.next_event().meta == msgpack.unpackb(header)["meta"]  # the next one is read
+
+
+def test_layouts_of_ever_new_tables_beside_a_meta_stay_bounded() -> None:
+    from tensorwire.wire.plans import META_LAYOUTS
+
+    for n in range(1, 400):  # a sender of ever new shapes, each with a meta
+        for seq in range(2):
+            _streamed(_batch(seq, {"x": np.zeros(n, np.uint8)}))
+    assert _meta_layout_of(_batch(2, {"x": np.zeros(399, np.uint8)})) is not None
+    assert len(META_LAYOUTS) <= META_LAYOUTS.max_entries
+    assert META_LAYOUTS.max_entries < 400

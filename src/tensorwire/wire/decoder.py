@@ -45,11 +45,18 @@ from tensorwire.wire.format import (
     TensorSpec,
     known_header,
     known_meta_bytes,
+    meta_cut,
     parse_header,
     parse_prefix,
     verify_header,
 )
-from tensorwire.wire.plans import KNOWN_LAYOUTS, SEEN_ONCE, KnownLayout, TensorTable
+from tensorwire.wire.plans import (
+    KNOWN_LAYOUTS,
+    META_LAYOUTS,
+    SEEN_ONCE,
+    KnownLayout,
+    TensorTable,
+)
 from tensorwire.wire.pool import BufferPool
 from tensorwire.wire.tensors import TensorPath, map_leaves, to_torch, unflatten
 
@@ -298,9 +305,22 @@ def decode_known(
         return None
     if xxhash.xxh3_64_intdigest(mv[PREFIX_SIZE:end_header]) & 0xFFFFFFFF != hcheck:
         return None
-    layout = KNOWN_LAYOUTS.get(bytes(mv[PREFIX_SIZE : end_header - 8])) if hlen > 8 else None
-    if layout is None:
-        return _decode_first_known(mv, limits, out, start, flags, end_header, total)
+    key = bytes(mv[PREFIX_SIZE : end_header - 8])
+    layout = KNOWN_LAYOUTS.get(key)
+    meta = None
+    if layout is None:  # a meta beside tensors, cut out: see META_LAYOUTS
+        cut = meta_cut(key) if hlen > 8 else None
+        if cut is not None:
+            layout = META_LAYOUTS.get(key[: cut[0]] + key[cut[1] :])
+        if layout is None:
+            return _decode_first_known(mv, limits, out, start, flags, end_header, total)
+        assert cut is not None
+        try:  # exactly one map, or the split is not the header's parse
+            meta = msgpack.unpackb(key[cut[0] : cut[1]])
+        except Exception:
+            return None
+        if type(meta) is not dict:
+            return None
     if layout.limits is not limits:  # a race only checks twice
         if not layout.table.fits(limits):
             return None
@@ -329,9 +349,11 @@ def decode_known(
         arr.data.cast("B")[:] = encoded  # C-ordered, of a buffer kind, not empty: its layout
         tensors[name] = arr
         offset = end
+    if meta is None:
+        meta = {} if layout.meta is None else msgpack.unpackb(layout.meta)
     msg = Message(
         tensors,
-        {} if layout.meta is None else msgpack.unpackb(layout.meta),
+        meta,
         layout.kind,
         _F64.unpack_from(mv, end_header - 8)[0],
         layout.nbytes,
@@ -390,7 +412,9 @@ def _decode_first_known(
                 layout = KnownLayout(kind, table, known_meta_bytes(header, span))
             else:
                 SEEN_ONCE.put(key, True, len(key))
-        # (meta beside tensors changes from message to message: rounds, batches)
+        elif (cut := meta_cut(key)) is not None:  # meta beside tensors: it changes every time
+            stripped, kept = key[: cut[0]] + key[cut[1] :], KnownLayout(kind, table)
+            META_LAYOUTS.put(stripped, kept, len(stripped) + kept.cost)
         if layout is not None:
             KNOWN_LAYOUTS.put(key, layout, len(header) + layout.cost)
     msg = Message(

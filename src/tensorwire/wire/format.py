@@ -371,6 +371,24 @@ def known_header(header: bytes) -> tuple[str, dict[str, Any], float, bytes, Tens
     return kind, meta, _F64.unpack_from(header, end - 8)[0], span, table
 
 
+def meta_cut(key: bytes) -> tuple[int, int] | None:
+    """Where the ``meta`` value lies in ``key`` (a header but for its last 8 bytes, laid out as
+    :func:`known_header` reads it, with a non-empty ``meta``): ``(start, end)``, its end being
+    the last ``tensors`` key; None for any other layout. Whether the split is right is for
+    the caller to find out, as :func:`known_header` does: the rest must be a layout's bytes
+    and the cut-out bytes must unpack as exactly one map."""
+    if not key.startswith(_KIND_AT) or len(key) < 9 or key[-4:] != _T0_TAIL:
+        return None
+    code = key[6]
+    if not 0xA0 <= code <= 0xBF:
+        return None
+    start = 7 + (code & 0x1F)
+    if key[start : start + 5] != _META_KEY_AT or key[start + 5 : start + 6] in (b"", b"\x80"):
+        return None
+    end = key.rfind(_TENSORS_KEY_AT, start + 6, len(key) - 4)
+    return None if end < 0 else (start + 5, end)
+
+
 def known_meta_bytes(header: bytes, span: bytes) -> bytes:
     """The packed ``meta`` of a header :func:`known_header` read, given its ``tensors``
     bytes: what lies between the ``meta`` key and the ``tensors`` key."""

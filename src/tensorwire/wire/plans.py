@@ -233,7 +233,9 @@ class KnownLayout:
     this alone. Only headers of flat, raw, C-ordered tensors of numpy's own dtypes and no
     ``meta`` have one (the small messages of FL rounds, ping-pongs and streams), and headers
     of ``meta`` alone that came before (acknowledgements, control): their ``meta`` is kept
-    packed and unpacked anew for each message (None when empty)."""
+    packed and unpacked anew for each message (None when empty). Headers of such tensors
+    beside a ``meta`` have one under their bytes without the ``meta`` (:data:`META_LAYOUTS`),
+    their ``meta`` read from each message."""
 
     __slots__ = (
         "codec_label",
@@ -278,6 +280,12 @@ class KnownLayout:
 
 KNOWN_LAYOUTS: BoundedCache[bytes, KnownLayout] = BoundedCache(256, 1 << 20)
 """Layouts by their header's bytes but for the last 8."""
+
+META_LAYOUTS: BoundedCache[bytes, KnownLayout] = BoundedCache(256, 1 << 20)
+"""Layouts of headers whose ``meta`` sits beside tensors, by their bytes but for the last 8
+with the ``meta`` value cut out (:func:`~tensorwire.wire.format.meta_cut`): a stream's
+batches and an FL round's updates change their ``meta`` every time, their tensors rarely.
+Their ``meta`` is unpacked from each message."""
 
 SEEN_ONCE: BoundedCache[bytes, bool] = BoundedCache(64, 64 << 10)
 """Headers of ``meta`` alone seen once (keyed as layouts are): such a header gets a layout
