@@ -309,9 +309,8 @@ def decode_known(
     layout = KNOWN_LAYOUTS.get(key)
     meta = None
     if layout is None:  # a meta beside tensors, cut out: see META_LAYOUTS
-        cut = meta_cut(key) if hlen > 8 else None
-        if cut is not None:
-            layout = META_LAYOUTS.get(key[: cut[0]] + key[cut[1] :])
+        cut = meta_cut(key)
+        layout = None if cut is None else META_LAYOUTS.get(key[: cut[0]] + key[cut[1] :])
         if layout is None:
             return _decode_first_known(mv, limits, out, start, flags, end_header, total)
         assert cut is not None
