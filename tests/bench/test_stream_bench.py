@@ -24,6 +24,18 @@ def test_a_small_stream_bench_measures_every_contender():
     assert by[FLIGHT]["vs_flight"] == 1.0
 
 
+def test_the_peer_says_goodbye_on_flight_so_nothing_is_logged_at_its_exit(capfd):
+    """The hub closes first; the peer's channels must still be closed, not left to the
+    interpreter's exit, where pyarrow logs each cancelled call as a failed Close()."""
+    pytest.importorskip("pyarrow.flight", reason="pyarrow Flight is not installed")
+    rows = bench_stream(
+        ["flight"], records=256, columns=4, batches=20, repeat=1, window=4, flight_baseline=False
+    )
+    assert [r["complete"] for r in rows] == [True]
+    err = capfd.readouterr().err
+    assert "Close() failed" not in err and "Cancelled" not in err, err
+
+
 def test_the_stream_targets_are_judged_against_doget_in_the_same_run():
     """tcp needs DoGet's MB/s and a p99 no worse; flight 0.9x DoGet's MB/s; without DoGet
     nothing is judged."""

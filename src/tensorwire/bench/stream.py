@@ -154,17 +154,22 @@ def _run_all(jobs: list[Any]) -> None:
 
 
 def peer_main() -> None:
-    for line in sys.stdin:
-        parts = line.split()
-        if not parts:
-            continue
-        if parts[0] == "tw":
-            out = _receive_tw(parts[1], parts[2], int(parts[3]))
-        elif parts[0] == "doget":
-            out = _receive_flight(int(parts[1]), int(parts[2]))
-        else:
-            break
-        print(json.dumps(out), flush=True)
+    try:
+        for line in sys.stdin:
+            parts = line.split()
+            if not parts:
+                continue
+            if parts[0] == "tw":
+                out = _receive_tw(parts[1], parts[2], int(parts[3]))
+            elif parts[0] == "doget":
+                out = _receive_flight(int(parts[1]), int(parts[2]))
+            else:
+                break
+            print(json.dumps(out), flush=True)
+    finally:  # say goodbye: a Flight call left to the interpreter's exit logs its cancel
+        for chans in _peer_channels.values():
+            for ch in chans:
+                ch.close()
 
 
 # --- the sending side -----------------------------------------------------------------------
