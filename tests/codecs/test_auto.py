@@ -18,8 +18,10 @@ def random_big() -> np.ndarray:
     return np.random.default_rng(0).random((4096, 4096))  # 128 MiB of float64
 
 
-def test_random_floats_go_raw_at_1e9(random_big: np.ndarray) -> None:
-    assert AutoCodec(bandwidth=1e9).select("w", random_big) == []
+def test_random_floats_go_raw_on_a_10_gbs_link(random_big: np.ndarray) -> None:
+    # Shuffled, these compress to ~0.88: 1.6 ms of wire saved on 128 MiB at 10 GB/s, which no
+    # codec earns back (at 1 GB/s it is 16 ms, a near tie with blosc2 on a fast machine).
+    assert AutoCodec(bandwidth=1e10).select("w", random_big) == []
 
 
 def test_ones_are_compressed_at_1e9() -> None:
