@@ -240,7 +240,13 @@ def test_an_interrupted_experiment_resumes_from_its_checkpoint(tmp_path):
     args = [*SMALL, "--protocols", "tcp", "--rounds", "4"]
     cmd = [sys.executable, "-m", "tensorwire", "bench", "fl", "--out", str(out), "--yes", *args]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        # SIGINT as a terminal's Ctrl-C finds it: a shell's background job (CI started with
+        # `&`, say) ignores it, and so would the run, which would then go on to the end.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 300
