@@ -169,3 +169,36 @@ def test_bench_transfer_checks_the_small_and_the_big_targets_from_paired_trials(
     assert "100x100 float32 (target >= 0.6x): 0.50x missed" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def test_a_benchmark_says_once_that_its_hubs_are_open_and_hides_their_chatter(tmp_path):
+    """Each of the benchmark's own loopback hubs would warn that it accepts ANYONE, and log
+    every echo peer's join and leave: one line says it instead; --debug shows them all."""
+    args = ["bench", "latency", "--round-trips", "20", "--repeat", "5", "--payloads", "4096"]
+    done = tensorwire(*args, "--no-checksum-off", "--out", str(tmp_path / "quiet"))
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stderr.split())
+    assert said.count("its hubs listen on 127.0.0.1 for its own peers only") == 1, said
+    assert "ANYONE" not in said and "joined" not in said and "left" not in said, said
+    assert "tensorwire-zmq" in done.stdout  # the run itself went on as before
+    loud = tensorwire("--debug", *args, "--no-checksum-off", "--out", str(tmp_path / "debug"))
+    assert loud.returncode == 0, loud.stderr
+    said = " ".join(loud.stderr.split())
+    assert said.count("accepts ANYONE") == 2 and "'echo' joined" in said, said
+
+
+def test_the_hub_chatter_filter_keeps_every_other_warning():
+    from tensorwire.cli.app import _LoopbackHubChatter
+    from tensorwire.transports.base import OPEN_DOOR
+
+    def record(name: str, level: int, **extra: object) -> logging.LogRecord:
+        rec = logging.LogRecord(name, level, __file__, 1, "said", None, None)
+        rec.__dict__.update(extra)
+        return rec
+
+    keep = _LoopbackHubChatter().filter
+    assert not keep(record("tensorwire.transports", logging.INFO))  # a join or a leave
+    assert not keep(record("tensorwire.transports", logging.WARNING, **{OPEN_DOOR: True}))
+    assert keep(record("tensorwire.transports.tcp", logging.WARNING))  # e.g. a peer's junk
+    assert keep(record("tensorwire.transports", logging.ERROR))
+    assert keep(record("tensorwire.fl.server", logging.INFO))

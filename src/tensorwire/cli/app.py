@@ -7,11 +7,13 @@ go to standard error as they happen.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +25,7 @@ from tensorwire._lifeline import watch_parent
 from tensorwire.cli.console import console, err_console
 from tensorwire.cli.fl import fl_app
 from tensorwire.errors import TensorwireError, UnknownScheme
+from tensorwire.transports.base import OPEN_DOOR
 from tensorwire.transports.registry import get_transport
 from tensorwire.transports.registry import listed_transports as registered_transports
 
@@ -66,6 +69,40 @@ def _show_logs(level: int) -> None:
         handler._tensorwire_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.propagate = False  # a root handler (logging.basicConfig) would print them twice
+
+
+class _LoopbackHubChatter(logging.Filter):
+    """Drops the transports' join/leave lines (below WARNING) and their open-door warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("tensorwire.transports"):
+            return True
+        return record.levelno >= logging.WARNING and not getattr(record, OPEN_DOOR, False)
+
+
+@contextlib.contextmanager
+def _benchmark_hubs() -> Iterator[None]:
+    """While a benchmark serves its own peers from hubs on 127.0.0.1: one line says so, and
+    each hub's "accepts ANYONE" warning and join/leave lines are not printed (--debug prints
+    them). Warnings and errors of any other kind still are."""
+    if _debug:
+        yield
+        return
+    err_console.print(
+        "[dim]bench: its hubs listen on 127.0.0.1 for its own peers only, with no credentials; "
+        "their join/leave lines are not shown (--debug shows them)[/]"
+    )
+    chatter = _LoopbackHubChatter()
+    handlers = [
+        h for h in logging.getLogger("tensorwire").handlers if getattr(h, "_tensorwire_cli", False)
+    ]
+    for h in handlers:
+        h.addFilter(chatter)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(chatter)
 
 
 @app.callback()
@@ -211,16 +248,17 @@ def bench_transfer_cmd(
             base = [resolve(name) for name in _split(baselines)]
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--baselines") from None
-    rows = bench_transfer(
-        transports=chosen,
-        baseline_modules=base,
-        dtypes=_split(dtypes),
-        shapes=[_shape(s) for s in _split(shapes)],
-        repeat=repeat,
-        big_mib=big_mib,
-        codec=None if codec.lower() in ("none", "raw") else codec,
-        tls=tls,
-    )
+    with _benchmark_hubs():
+        rows = bench_transfer(
+            transports=chosen,
+            baseline_modules=base,
+            dtypes=_split(dtypes),
+            shapes=[_shape(s) for s in _split(shapes)],
+            repeat=repeat,
+            big_mib=big_mib,
+            codec=None if codec.lower() in ("none", "raw") else codec,
+            tls=tls,
+        )
     cols = [
         "case",
         "transport",
@@ -237,7 +275,8 @@ def bench_transfer_cmd(
     out_dir = _out_dir(out, "bench-transfer")
     paths = write_rows(rows, out_dir, "transfer") + transfer_figure(rows, out_dir)
     if rss_gib > 0:
-        mem = bench_receiver_memory(rss_gib)
+        with _benchmark_hubs():
+            mem = bench_receiver_memory(rss_gib)
         growth_gib = mem["rss_growth_bytes"] / (1 << 30)
         verdict = "[green]met[/]" if mem["growth_per_byte"] <= 1.25 else "[red]missed[/]"
         console.print(
@@ -325,13 +364,14 @@ def bench_latency_cmd(
         raise typer.BadParameter(
             f"{payloads!r} is not a list of byte counts like 4096,40960"
         ) from None
-    rows = bench_latency(
-        payloads=sizes,
-        round_trips=round_trips,
-        repeat=repeat,
-        codec=None if codec.lower() in ("none", "raw") else codec,
-        checksum_off=checksum_off,
-    )
+    with _benchmark_hubs():
+        rows = bench_latency(
+            payloads=sizes,
+            round_trips=round_trips,
+            repeat=repeat,
+            codec=None if codec.lower() in ("none", "raw") else codec,
+            checksum_off=checksum_off,
+        )
     cols = [
         "transport",
         "bytes",
@@ -427,7 +467,7 @@ def bench_stream_cmd(
 
     names = _transports_option(transports)
     contenders = len(names) + 1
-    with progress_bar() as bar:
+    with _benchmark_hubs(), progress_bar() as bar:
         task = bar.add_task("stream trials", total=repeat * contenders)
         rows = bench_stream(
             names,
