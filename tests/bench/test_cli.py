@@ -110,7 +110,9 @@ def test_the_full_matrix_says_its_size_and_time_and_waits_for_yes(tmp_path):
     text = " ".join(done.stdout.split())
     protocols = len(registered_protocols())
     assert f"bench fl: {protocols * 2 * 3} experiment(s), 5 round(s) each" in text
-    assert "needs root for network namespaces" in text and "about" in text
+    assert "(a rough estimate);" in text
+    said = "shape each device's link" in text or "needs root for network namespaces" in text
+    assert said and text.count("network namespaces") == 1, text  # said once
     assert "add --yes to start it" in done.stderr
     assert not out.exists()  # nothing started
 

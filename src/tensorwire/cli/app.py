@@ -834,15 +834,17 @@ def _announce(matrix: Matrix, ask: bool) -> None:
     caps = probe_capabilities()
     if caps.mode is None:
         why = "; ".join(caps[n].reason for n in ("root", "userns", "netns") if n in caps.items)
-        where = f"no network namespaces here ({why}): an unshaped loopback run"
+        where = (
+            f"it needs root for network namespaces, and has none here ({why}): "
+            "an unshaped loopback run"
+        )
     else:
         where = f"network namespaces ({caps.mode}) shape each device's link"
     skipped = len(experiments) - len(runnable)
     console.print(
         f"bench fl: {len(experiments)} experiment(s), {matrix.rounds} round(s) each"
         + (f", {skipped} left out ({', '.join(left_out)})" if left_out else "")
-        + f"; about {_duration(seconds)} here (a rough estimate). It needs root for network "
-        f"namespaces; {where}."
+        + f"; about {_duration(seconds)} here (a rough estimate); {where}."
     )
     if not ask or seconds <= CONFIRM_ABOVE_S:
         return
