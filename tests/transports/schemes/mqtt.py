@@ -241,11 +241,12 @@ def _live_sessions(prefix: str, client_ids: list[str]) -> tuple[list[str], dict[
     from tensorwire.transports.mqtt import MqttChannel, MqttHub
 
     hubs, sessions = [], {}
-    for obj in gc.get_objects():
-        if isinstance(obj, MqttHub) and obj.settings.prefix == prefix:
+    for obj in gc.get_objects():  # type(), not isinstance: that reads a stray object's
+        # __class__, which some announce as deprecated (torch.distributed.reduce_op)
+        if type(obj) is MqttHub and obj.settings.prefix == prefix:
             hubs.append(obj.hub_id)
         elif (
-            isinstance(obj, MqttChannel)
+            type(obj) is MqttChannel
             and obj.settings.prefix == prefix
             and obj.client_id in client_ids
         ):
