@@ -204,3 +204,14 @@ def test_the_hub_chatter_filter_keeps_every_other_warning():
     assert keep(record("tensorwire.transports.tcp", logging.WARNING))  # e.g. a peer's junk
     assert keep(record("tensorwire.transports", logging.ERROR))
     assert keep(record("tensorwire.fl.server", logging.INFO))
+
+
+def test_bench_transfer_says_it_once_though_its_memory_case_serves_a_hub_of_its_own(tmp_path):
+    done = tensorwire(
+        *("bench", "transfer", "--transports", "tcp", "--dtypes", "float32", "--shapes", "8x8"),
+        *("--repeat", "1", "--big-mib", "0", "--rss-gib", "0.01", "--out", str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stderr.split())
+    assert said.count("its hubs listen on 127.0.0.1") == 1 and "ANYONE" not in said, said
+    assert "peak RSS grew" in " ".join(done.stdout.split())  # the memory case did run

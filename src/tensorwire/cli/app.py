@@ -81,17 +81,18 @@ class _LoopbackHubChatter(logging.Filter):
 
 
 @contextlib.contextmanager
-def _benchmark_hubs() -> Iterator[None]:
-    """While a benchmark serves its own peers from hubs on 127.0.0.1: one line says so, and
-    each hub's "accepts ANYONE" warning and join/leave lines are not printed (--debug prints
-    them). Warnings and errors of any other kind still are."""
+def _benchmark_hubs(say: bool = True) -> Iterator[None]:
+    """While a benchmark serves its own peers from hubs on 127.0.0.1: one line says so (if
+    ``say``: once per command), and each hub's "accepts ANYONE" warning and join/leave lines
+    are not printed (--debug prints them). Warnings and errors of any other kind still are."""
     if _debug:
         yield
         return
-    err_console.print(
-        "[dim]bench: its hubs listen on 127.0.0.1 for its own peers only, with no credentials; "
-        "their join/leave lines are not shown (--debug shows them)[/]"
-    )
+    if say:
+        err_console.print(
+            "[dim]bench: its hubs listen on 127.0.0.1 for its own peers only, with no "
+            "credentials; their join/leave lines are not shown (--debug shows them)[/]"
+        )
     chatter = _LoopbackHubChatter()
     handlers = [
         h for h in logging.getLogger("tensorwire").handlers if getattr(h, "_tensorwire_cli", False)
@@ -275,7 +276,7 @@ def bench_transfer_cmd(
     out_dir = _out_dir(out, "bench-transfer")
     paths = write_rows(rows, out_dir, "transfer") + transfer_figure(rows, out_dir)
     if rss_gib > 0:
-        with _benchmark_hubs():
+        with _benchmark_hubs(say=False):  # said before the table
             mem = bench_receiver_memory(rss_gib)
         growth_gib = mem["rss_growth_bytes"] / (1 << 30)
         verdict = "[green]met[/]" if mem["growth_per_byte"] <= 1.25 else "[red]missed[/]"
