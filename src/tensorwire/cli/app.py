@@ -72,7 +72,8 @@ def _show_logs(level: int) -> None:
 
 
 class _LoopbackHubChatter(logging.Filter):
-    """Drops the transports' join/leave lines (below WARNING) and their open-door warnings."""
+    """Drops the transports' lines below WARNING (joins and leaves, chiefly) and their
+    open-door warnings."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("tensorwire.transports"):
@@ -83,15 +84,16 @@ class _LoopbackHubChatter(logging.Filter):
 @contextlib.contextmanager
 def _benchmark_hubs(say: bool = True) -> Iterator[None]:
     """While a benchmark serves its own peers from hubs on 127.0.0.1: one line says so (if
-    ``say``: once per command), and each hub's "accepts ANYONE" warning and join/leave lines
-    are not printed (--debug prints them). Warnings and errors of any other kind still are."""
+    ``say``: once per command), and each hub's "accepts ANYONE" warning and the transports'
+    INFO lines (joins, leaves) are not printed (--debug prints them). Warnings and errors of
+    any other kind still are."""
     if _debug:
         yield
         return
     if say:
         err_console.print(
             "[dim]bench: its hubs listen on 127.0.0.1 for its own peers only, with no "
-            "credentials; their join/leave lines are not shown (--debug shows them)[/]"
+            "credentials; their INFO lines (joins, leaves) are not shown (--debug shows them)[/]"
         )
     chatter = _LoopbackHubChatter()
     handlers = [
