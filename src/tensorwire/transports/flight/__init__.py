@@ -43,6 +43,20 @@ deadline) and ``channel.py``.
 
 from tensorwire.transports.flight.channel import FlightChannel
 from tensorwire.transports.flight.hub import FlightHub
-from tensorwire.transports.flight.options import BATCH_BYTES, FLIGHT_ERRORS, SCHEMA
+from tensorwire.transports.flight.options import (
+    BATCH_BYTES,
+    FLIGHT_ERRORS,
+    SCHEMA,
+    FlightChannelOptions,
+    FlightHubOptions,
+)
 
-__all__ = ["BATCH_BYTES", "FLIGHT_ERRORS", "SCHEMA", "FlightChannel", "FlightHub"]
+__all__ = [
+    "BATCH_BYTES",
+    "FLIGHT_ERRORS",
+    "SCHEMA",
+    "FlightChannel",
+    "FlightChannelOptions",
+    "FlightHub",
+    "FlightHubOptions",
+]

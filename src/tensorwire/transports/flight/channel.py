@@ -8,29 +8,28 @@ import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow.flight as flight
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
-from tensorwire.transports.base import Channel, Inbox, default_client_id, dial, remaining
+from tensorwire.transports.base import Channel, ChannelOptions, Inbox, remaining
 from tensorwire.transports.flight.batches import batch_of, control_message, feed, pieces
 from tensorwire.transports.flight.options import (
-    BATCH_BYTES,
     BYE_TIMEOUT,
     FLIGHT_ERRORS,
     HANDSHAKE_TIMEOUT,
     SCHEMA,
     UP,
+    FlightChannelOptions,
     location,
 )
 from tensorwire.transports.flight.tls import client_tls, unreachable
 from tensorwire.transports.flight.watchdog import Watchdog
-from tensorwire.transports.security import TLS
-from tensorwire.transports.session import ClientSession, Closed, Data, bye
+from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
 from tensorwire.transports.url import host_port, query_options
-from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
+from tensorwire.wire import EncodedMessage, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.flight")
 
@@ -50,54 +49,31 @@ class _Session:
 
 
 class FlightChannel(Channel):
-    """A client's session with a :class:`FlightHub`; retries reaching it for ``timeout`` seconds.
+    """A client's session with a :class:`FlightHub`, with :class:`FlightChannelOptions`;
+    retries reaching it for ``timeouts.connect`` seconds.
 
-    ``batch_bytes`` caps the message bytes per record batch (gRPC message) it sends. ``tls``
-    makes it speak gRPC over TLS (``tls.ca`` verifies the hub; ``tls.cert``/``tls.key`` are
-    its own certificate for mutual TLS); ``key`` is its enrolled secret (bytes, hex, or a
+    ``tls`` makes it speak gRPC over TLS (``tls.ca`` verifies the hub; ``tls.cert``/``tls.key``
+    are its own certificate for mutual TLS); ``key`` is its enrolled secret (bytes, hex, or a
     file of hex), proven in every hello.
     """
 
     protocol = "flight"
+    options_type: ClassVar[type[ChannelOptions]] = FlightChannelOptions
+    options: FlightChannelOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        batch_bytes: int = BATCH_BYTES,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
-        self.client_id = client_id or default_client_id()
+    def __init__(self, url: str, options: FlightChannelOptions) -> None:
+        super().__init__(url, options)
         query_options(url, ())
         host, port = host_port(url)
-        self._credentials(tls, key)
-        self._tls_options = {} if tls is None else client_tls(tls)
-        self._location = location(host, port, tls)
-        self._batch_bytes = batch_bytes
+        self._tls_options = {} if self.tls is None else client_tls(self.tls)
+        self._location = location(host, port, self.tls)
+        self._batch_bytes = options.batch_bytes
         self._send_lock = threading.RLock()  # the uplink's writer: sends, bye, close
         self._watchdog = Watchdog(f"tensorwire-flight-deadline-{self.client_id}")
         self._session: _Session | None = None
-        self.reconnect(timeout)
+        self.reconnect()
 
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)open a session with the hub and say hello with the same client id."""
-        self._drop()
-        s = dial(self._open, what=self.url, timeout=timeout)
-        welcome = s.session.welcome
-        assert welcome is not None
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
-        self._session = s
-
-    def _open(self, deadline: float | None) -> _Session:
+    def _open(self, deadline: float | None) -> Welcomed:
         """One attempt at a session: both calls, then the hub's answer by ``deadline`` (at
         most twice the hub's handshake window). ``OSError`` when it may be worth retrying."""
         session = self._client_session(f"the hub at {self.url}")
@@ -131,8 +107,10 @@ class FlightChannel(Channel):
         wait = remaining(deadline)
         s.answered.wait(2 * HANDSHAKE_TIMEOUT if wait is None else min(wait, 2 * HANDSHAKE_TIMEOUT))
         failure = s.inbox.failed  # before the close below fails it too
-        if s.session.welcome is not None and failure is None:
-            return s
+        welcome = s.session.welcome
+        if welcome is not None and failure is None:
+            self._session = s
+            return welcome
         self._close_session(s)
         raise failure or TransportTimeout(f"no answer from the hub at {self.url} in time")
 
@@ -225,11 +203,12 @@ class FlightChannel(Channel):
                     raise s.session.closed_error()
 
     def _drop(self) -> None:
-        """End the session at once, without a goodbye."""
+        """End the session at once, without a goodbye, and stop the send deadlines' thread."""
         s, self._session = self._session, None
         if s is not None:
             s.inbox.fail(PeerGone("channel is closed; call reconnect()"))
             self._close_session(s)
+        self._watchdog.stop()
 
     def _close_session(self, s: _Session) -> None:
         s.down.cancel()  # cancels end blocked reads and writes at once
@@ -241,14 +220,14 @@ class FlightChannel(Channel):
                 with contextlib.suppress(*FLIGHT_ERRORS):
                     closable.close()
 
-    def close(self) -> None:
-        """Say goodbye to the hub and end the session."""
+    def _say_goodbye(self) -> None:
+        """Write ``bye`` in the uplink's metadata and half-close it; wait briefly for the hub
+        to end the downlink."""
         s = self._session
-        if s is not None:
-            with self._send_lock, contextlib.suppress(*FLIGHT_ERRORS):
-                s.up.write_metadata(bye().to_bytes())
-                s.up.done_writing()
-            if s.thread is not None:
-                s.thread.join(BYE_TIMEOUT)  # the hub ends the downlink on our bye
-            self._drop()
-        self._watchdog.stop()
+        if s is None:
+            return
+        with self._send_lock, contextlib.suppress(*FLIGHT_ERRORS):
+            s.up.write_metadata(bye().to_bytes())
+            s.up.done_writing()
+        if s.thread is not None:
+            s.thread.join(BYE_TIMEOUT)  # the hub ends the downlink on our bye

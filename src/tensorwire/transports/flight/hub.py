@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import ClassVar
 
 import pyarrow.flight as flight
 
@@ -22,16 +22,16 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports.base import Hub, deadline_after, remaining
+from tensorwire.transports.base import Hub, HubOptions, deadline_after, remaining
 from tensorwire.transports.flight.batches import batch_of, control_message, feed, pieces
 from tensorwire.transports.flight.options import (
-    BATCH_BYTES,
     FLIGHT_ERRORS,
     HANDSHAKE_TIMEOUT,
     MAX_HANDSHAKES,
     POLL_S,
     SCHEMA,
     SHUTDOWN_TIMEOUT,
+    FlightHubOptions,
     location,
 )
 from tensorwire.transports.flight.peer import Job, Peer
@@ -45,20 +45,21 @@ log = logging.getLogger("tensorwire.transports.flight")
 
 
 class FlightHub(Hub):
-    """Hub serving Flight on ``flight://host:port`` (port 0 picks a free one; see :attr:`url`).
-
-    ``batch_bytes`` caps the message bytes per record batch (gRPC message) it sends. With
-    ``tls=`` it serves gRPC over TLS only (mutual when ``tls.ca`` is set), never plaintext.
+    """Hub serving Flight on ``flight://host:port`` (port 0 picks a free one; see :attr:`url`),
+    with :class:`FlightHubOptions`. With ``tls=`` it serves gRPC over TLS only (mutual when
+    ``tls.ca`` is set), never plaintext.
     """
 
     protocol = "flight"
+    options_type: ClassVar[type[HubOptions]] = FlightHubOptions
+    options: FlightHubOptions
 
-    def __init__(self, url: str, *, batch_bytes: int = BATCH_BYTES, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, url: str, options: FlightHubOptions) -> None:
+        super().__init__(url, options)
         query_options(url, ())
         host, port = host_port(url, default_port=0)
         tls = {} if self.tls is None else server_tls(self.tls)
-        self._batch_bytes = batch_bytes
+        self._batch_bytes = options.batch_bytes
         self._peers: dict[str, Peer] = {}  # members, by client id
         self._pending: dict[str, Peer] = {}  # sessions waiting for their uplink, by id
         self._handshakes = 0  # calls waiting for their session's other call
@@ -395,4 +396,5 @@ class FlightHub(Hub):
                 "flight: sessions of %s did not end within %s s; the server stops when they do",
                 self.clients,
                 SHUTDOWN_TIMEOUT,
+                FlightHubOptions,
             )

@@ -1,11 +1,14 @@
-"""The settings of ``flight://``: its constants (``docs/transports/flight.md`` section 9) and
-where a hub listens (``grpc+tcp`` or ``grpc+tls``)."""
+"""The settings of ``flight://``: its options, its constants (``docs/transports/flight.md``
+section 9) and where a hub listens (``grpc+tcp`` or ``grpc+tls``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from tensorwire.transports.base import ChannelOptions, HubOptions
 from tensorwire.transports.security import TLS
 
 FLIGHT_ERRORS = (pa.ArrowException, OSError)
@@ -24,6 +27,22 @@ MAX_HANDSHAKES = 64  # calls at once waiting for their session's other call; mor
 POLL_S = 0.25  # seconds between checks that a waiting call was not cancelled
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 SHUTDOWN_TIMEOUT = 5.0  # seconds the hub waits for its server to stop before leaving it be
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlightHubOptions(HubOptions):
+    """What ``serve("flight://...")`` takes."""
+
+    batch_bytes: int = BATCH_BYTES
+    """Most message bytes per record batch (gRPC message) the hub sends."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlightChannelOptions(ChannelOptions):
+    """What ``connect("flight://...")`` takes."""
+
+    batch_bytes: int = BATCH_BYTES
+    """Most message bytes per record batch (gRPC message) the channel sends."""
 
 
 def location(host: str, port: int, tls: TLS | None) -> flight.Location:

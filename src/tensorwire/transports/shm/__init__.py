@@ -45,7 +45,14 @@ packets), ``segments.py`` and ``outbox.py`` (the sending side's memory), ``mappi
 
 from tensorwire.transports.shm.channel import ShmChannel
 from tensorwire.transports.shm.hub import ShmHub
-from tensorwire.transports.shm.options import INLINE_BYTES
+from tensorwire.transports.shm.options import INLINE_BYTES, ShmChannelOptions, ShmHubOptions
 from tensorwire.transports.shm.segments import BadSegment
 
-__all__ = ["INLINE_BYTES", "BadSegment", "ShmChannel", "ShmHub"]
+__all__ = [
+    "INLINE_BYTES",
+    "BadSegment",
+    "ShmChannel",
+    "ShmChannelOptions",
+    "ShmHub",
+    "ShmHubOptions",
+]

@@ -3,16 +3,14 @@ hub's messages for ``recv``, its own :class:`Outbox` for what it sends."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from tensorwire.errors import PeerGone, TransportError, WireError
-from tensorwire.transports.base import Channel, Inbox, deadline_after, default_client_id, dial
-from tensorwire.transports.security import TLS
-from tensorwire.transports.session import ClientSession, Closed, Welcomed, bye
+from tensorwire.transports.base import Channel, ChannelOptions, Inbox
+from tensorwire.transports.session import ClientSession, Closed, Welcomed
 from tensorwire.transports.shm.connection import (
     Connection,
     check_peer_user,
@@ -23,9 +21,9 @@ from tensorwire.transports.shm.connection import (
 )
 from tensorwire.transports.shm.mappings import Mappings, without_frames
 from tensorwire.transports.shm.options import (
-    BYE_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     INLINE_BYTES,
+    ShmChannelOptions,
     address,
     name_of,
     require_linux,
@@ -33,61 +31,43 @@ from tensorwire.transports.shm.options import (
 )
 from tensorwire.transports.shm.outbox import Outbox, send_message
 from tensorwire.transports.shm.releaser import Releaser
-from tensorwire.wire import EncodedMessage, Limits, Message
+from tensorwire.wire import EncodedMessage, Message
 
 
 class ShmChannel(Channel):
-    """A client's connection to an :class:`ShmHub`; retries connecting for ``timeout`` seconds.
-
-    ``max_segments``, ``cache_bytes`` and ``trust_other_users`` as for :class:`ShmHub`. ``key``
-    is its enrolled secret (bytes, hex, or a file of hex), proven in every hello; ``tls`` is
-    accepted and not used (nothing leaves the host).
+    """A client's connection to an :class:`ShmHub`, with :class:`ShmChannelOptions`; retries
+    connecting for ``timeouts.connect`` seconds. ``key`` is its enrolled secret (bytes, hex,
+    or a file of hex), proven in every hello; ``tls`` is accepted and not used (nothing leaves
+    the host).
     """
 
     protocol = "shm"
+    options_type: ClassVar[type[ChannelOptions]] = ShmChannelOptions
+    options: ShmChannelOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        max_segments: int = 8,
-        cache_bytes: int = 1 << 30,
-        trust_other_users: bool = False,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
+    def __init__(self, url: str, options: ShmChannelOptions) -> None:
+        super().__init__(url, options)
         require_linux()
         name = name_of(url)
         if not name:
             raise TransportError(f"{url!r} names no hub; write it as shm://NAME")
-        super().__init__(codec, checksum, limits)
         seed_bandwidth(self.selector)
-        self.url = url
-        self.client_id = client_id or default_client_id()
-        self._credentials(tls, key)
         self._address = address(name)
-        self._trust = trust_other_users
-        self._max_segments = max_segments
-        self._cache_bytes = cache_bytes
         # ("data", packet, msg, t) or ("shm", mappings, claim, t) from the reader thread, or
         # the WireError of a bad packet
         self._inbox = Inbox()
         self._conn: Connection | None = None
-        self._releaser: Releaser | None = None
-        self.reconnect(timeout)
+        self.reconnect()
 
-    def _open(self, deadline: float | None) -> tuple[socket.socket, ClientSession, Welcomed]:
+    def _open(self, deadline: float | None) -> Welcomed:
         """One attempt: connect, say hello, read the answer by ``deadline`` (at most twice the
-        hub's handshake window). ``OSError`` when it may be worth retrying."""
+        hub's handshake window), then start reading. ``OSError`` when it may be worth
+        retrying."""
+        outbox = Outbox(self.options.max_segments, self.options.cache_bytes)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect(self._address)
-            check_peer_user(sock, self._trust)
+            check_peer_user(sock, self.options.trust_other_users)
             session = self._client_session(f"the hub at {self.url}")
             answer_by = time.monotonic() + 2 * HANDSHAKE_TIMEOUT
             if deadline is not None:
@@ -101,28 +81,20 @@ class ShmChannel(Channel):
             sock.close()
             raise
         assert isinstance(welcome, Welcomed)
-        return sock, session, welcome
-
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)dial the hub and say hello with the same client id."""
-        self._drop()
-        sock, session, welcome = dial(self._open, what=self.url, timeout=timeout)
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
-        if self._releaser is None:
-            self._releaser = Releaser(f"tensorwire-shm-release-{self.client_id}")
         conn = Connection(sock, "hub")
+        self._releaser = Releaser(f"tensorwire-shm-release-{self.client_id}")
         self._mappings = Mappings(conn, self._releaser.queue)
-        self._outbox = Outbox(self._max_segments, self._cache_bytes)
+        self._outbox = outbox
         self._inbox = Inbox()
         self._conn = conn
         self._reader = threading.Thread(
             target=self._read_loop,
-            args=(conn, session, self._mappings, self._outbox, self._inbox),
+            args=(conn, session, self._mappings, outbox, self._inbox),
             name=f"tensorwire-shm-read-{self.client_id}",
             daemon=True,
         )
         self._reader.start()
+        return welcome
 
     def _read_loop(
         self,
@@ -190,7 +162,7 @@ class ShmChannel(Channel):
             raise failed[conn]
 
     def _drop(self) -> None:
-        """Cut the connection without a goodbye (also what close() ends with)."""
+        """Cut the connection without a goodbye and stop its release thread."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -200,14 +172,4 @@ class ShmChannel(Channel):
         self._outbox.close()
         self._mappings.close()
         conn.sock.close()
-
-    def close(self) -> None:
-        """Say goodbye to the hub, close the connection and stop the release thread."""
-        conn = self._conn
-        if conn is not None and conn.alive:
-            with contextlib.suppress(TransportError):
-                conn.send([bye().to_bytes()], deadline_after(BYE_TIMEOUT))
-        self._drop()
-        if self._releaser is not None:
-            self._releaser.stop()
-            self._releaser = None
+        self._releaser.stop()

@@ -10,11 +10,11 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import ClassVar
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
-from tensorwire.transports.base import Hub, deadline_after
+from tensorwire.transports.base import Hub, HubOptions, deadline_after
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, bye
 from tensorwire.transports.shm.connection import (
@@ -32,6 +32,7 @@ from tensorwire.transports.shm.options import (
     HANDSHAKE_TIMEOUT,
     INLINE_BYTES,
     MAX_HANDSHAKES,
+    ShmHubOptions,
     address,
     name_of,
     require_linux,
@@ -45,35 +46,24 @@ log = logging.getLogger("tensorwire.transports.shm")
 
 
 class ShmHub(Hub):
-    """Hub at ``shm://name`` (``shm://`` alone picks a free name; see :attr:`url`).
-
-    ``max_segments``: big messages one client may hold (keep alive) before sends to it wait;
-    ``cache_bytes``: bytes of free segments kept for reuse; ``trust_other_users``: accept
-    processes of other users. ``auth=`` keys admit only enrolled clients; ``tls=`` is not used
+    """Hub at ``shm://name`` (``shm://`` alone picks a free name; see :attr:`url`), with
+    :class:`ShmHubOptions`. ``auth=`` keys admit only enrolled clients; ``tls=`` is not used
     (nothing leaves the host), and one naming a CA needs ``auth=`` too.
     """
 
     protocol = "shm"
+    options_type: ClassVar[type[HubOptions]] = ShmHubOptions
+    options: ShmHubOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        max_segments: int = 8,
-        cache_bytes: int = 1 << 30,
-        trust_other_users: bool = False,
-        backlog: int = 128,
-        **options: Any,
-    ) -> None:
+    def __init__(self, url: str, options: ShmHubOptions) -> None:
+        super().__init__(url, options)
         require_linux()
         name = name_of(url) or f"tw-{uuid.uuid4().hex[:12]}"
-        super().__init__(**options)
         if self.tls is not None:
-            checked = options.get("auth") is not None or options.get("authenticate") is not None
-            _no_tls(self.tls, checked)
+            credentials = options.credentials
+            _no_tls(self.tls, credentials.keys is not None or credentials.authenticate is not None)
         seed_bandwidth(self.selector)
         self.url = f"shm://{name}"
-        self._trust = trust_other_users
         self._lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._lsock.bind(address(name))
@@ -82,8 +72,8 @@ class ShmHub(Hub):
             raise TransportError(
                 f"cannot serve {self.url}: {exc} (another hub serves that name? pick another)"
             ) from None
-        self._lsock.listen(backlog)
-        self._outbox = Outbox(max_segments, cache_bytes)
+        self._lsock.listen(options.backlog)
+        self._outbox = Outbox(options.max_segments, options.cache_bytes)
         self._releaser = Releaser(f"tensorwire-shm-release-{name}")
         self._conns: dict[str, Connection] = {}
         self._lock = threading.Lock()
@@ -120,7 +110,7 @@ class ShmHub(Hub):
         close_fds(fds)
         session = HubSession(**self._session_options())
         try:
-            check_peer_user(sock, self._trust)
+            check_peer_user(sock, self.options.trust_other_users)
             session.receive(
                 decode_message(memoryview(buf)[:n], limits=HELLO_LIMITS, codec_lookup=get_codec)
             )

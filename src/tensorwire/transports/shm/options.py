@@ -1,15 +1,17 @@
-"""The settings of ``shm://``: its constants (``docs/transports/shm.md`` section 10), its URL
-(``shm://NAME``) and the platform it needs."""
+"""The settings of ``shm://``: its options, its constants (``docs/transports/shm.md``
+section 10), its URL (``shm://NAME``) and the platform it needs."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from tensorwire.codecs import AutoCodec
 from tensorwire.errors import TransportError
+from tensorwire.transports.base import ChannelOptions, HubOptions
 from tensorwire.transports.url import query_options
 
 INLINE_BYTES = 64 << 10
@@ -24,6 +26,32 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
 MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or dropping a segment) before giving up
 RELEASE_TIMEOUT = 10.0  # seconds a release notice may wait for room in the socket
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShmSegmentOptions:
+    """How an endpoint shares its big messages, hub and channel alike."""
+
+    max_segments: int = 8
+    """Big messages one receiver may hold (keep alive) before sends to it wait."""
+    cache_bytes: int = 1 << 30
+    """Bytes of free segments kept for reuse (their pages stay mapped on both sides)."""
+    trust_other_users: bool = False
+    """Accept peers of other users (they keep write access to the segments they send)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShmHubOptions(HubOptions, ShmSegmentOptions):
+    """What ``serve("shm://...")`` takes."""
+
+    backlog: int = 128
+    """Connections the listening socket queues before it accepts them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShmChannelOptions(ChannelOptions, ShmSegmentOptions):
+    """What ``connect("shm://...")`` takes."""
+
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,90}")
 
