@@ -6,63 +6,44 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import Any
+from typing import Any, ClassVar
 
-from tensorwire.errors import (
-    AuthenticationError,
-    PeerGone,
-    TransportError,
-    WireError,
-)
+from tensorwire.errors import AuthenticationError, PeerGone, WireError
 from tensorwire.transports.base import (
+    BYE_TIMEOUT,
     Channel,
+    ChannelOptions,
     Inbox,
     deadline_after,
-    default_client_id,
-    dial,
     remaining,
 )
 from tensorwire.transports.quic.compat import TunedQuicConnection
 from tensorwire.transports.quic.connection import APP_CLOSED, Arrival, Connection
 from tensorwire.transports.quic.engine import Engine
-from tensorwire.transports.quic.settings import BYE_TIMEOUT, HANDSHAKE_TIMEOUT, parse_quic_url
+from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
 from tensorwire.transports.quic.streams import decode_stream
 from tensorwire.transports.quic.tls import channel_configuration
-from tensorwire.transports.security import TLS
 from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
 from tensorwire.transports.url import host_port
-from tensorwire.wire import EncodedMessage, Limits, Message
+from tensorwire.wire import EncodedMessage, Message
 
 FLUSH_TIMEOUT = 5.0
 """Seconds ``close`` waits for what it sent to be acknowledged before closing anyway."""
 
 
 class QuicChannel(Channel):
-    """A client's QUIC connection to a :class:`QuicHub`; retries for ``timeout`` seconds."""
+    """A client's QUIC connection to a :class:`QuicHub`; dials for ``timeouts.connect``
+    seconds."""
 
     protocol = "quic"
+    options_type: ClassVar[type[ChannelOptions] | None] = ChannelOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
-        self.client_id = client_id or default_client_id()
+    def __init__(self, url: str, options: ChannelOptions) -> None:
+        super().__init__(url, options)
         self._settings = parse_quic_url(url)
         self._address = host_port(url)
-        self._credentials(tls, key)
-        self._closed = True
         self._engine: Engine | None = None
-        self.reconnect(timeout)
+        self.reconnect()
 
     def _open(self, deadline: float | None) -> Welcomed:
         """One attempt: a QUIC handshake with the hub, our hello and its welcome."""
@@ -128,15 +109,6 @@ class QuicChannel(Channel):
                 raise item
             return decode_stream(item, self.limits, out)
 
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)dial the hub and say hello with the same client id."""
-        if not self._closed:
-            self._drop()
-        welcome = dial(self._open, what=self.url, timeout=timeout)
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
-        self._closed = False
-
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         if self._closed or self._engine is None:
             raise PeerGone("channel is closed; call reconnect()")
@@ -168,24 +140,17 @@ class QuicChannel(Channel):
     def _say_goodbye(self) -> None:
         """Say goodbye, then wait for what was sent to be acknowledged (for at most
         :data:`FLUSH_TIMEOUT`): closing a QUIC connection discards what is still unacked."""
-        with contextlib.suppress(TransportError):
+        with contextlib.suppress(OSError):
             self._send_encoded(bye(), deadline_after(BYE_TIMEOUT))
         if self._engine is not None:
             self._engine.flush([self._connection], FLUSH_TIMEOUT)
 
     def _drop(self) -> None:
         """Close the connection at once; idempotent."""
-        self._closed = True
-        engine, connection = self._engine, self._connection
+        engine = self._engine
         if engine is None:
             return
+        connection = self._connection
         connection.log_stats(f"{self.client_id}: connection closed")
         engine.close_now(lambda: [connection], APP_CLOSED, "the client is closing", BYE_TIMEOUT)
         self._engine = None
-
-    def close(self) -> None:
-        """Say goodbye to the hub, wait for what was sent to be acknowledged, and close."""
-        if self._closed:
-            return
-        self._say_goodbye()
-        self._drop()

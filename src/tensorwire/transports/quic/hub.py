@@ -11,10 +11,10 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
-from tensorwire.transports.base import Hub, _log_limited
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, _log_limited
 from tensorwire.transports.quic.compat import (
     CertificateRequestingConnection,
     TunedQuicConnection,
@@ -27,11 +27,7 @@ from tensorwire.transports.quic.connection import (
     Connection,
 )
 from tensorwire.transports.quic.engine import Engine
-from tensorwire.transports.quic.settings import (
-    BYE_TIMEOUT,
-    HANDSHAKE_TIMEOUT,
-    parse_quic_url,
-)
+from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
 from tensorwire.transports.quic.streams import SendJob, decode_stream
 from tensorwire.transports.quic.tls import hub_configuration, verify_client
 from tensorwire.transports.session import (
@@ -55,9 +51,10 @@ class QuicHub(Hub):
     """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
 
     protocol = "quic"
+    options_type: ClassVar[type[HubOptions] | None] = HubOptions
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, url: str, options: HubOptions) -> None:
+        super().__init__(url, options)
         settings = parse_quic_url(url)
         host, port = host_port(url, default_port=0)
         self._config = hub_configuration(settings, self.tls)

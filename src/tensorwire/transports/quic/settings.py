@@ -25,7 +25,6 @@ pings after a third of it, so a live but quiet peer is never dropped."""
 MAX_DATA = 64 << 20
 """Flow control: bytes a peer may have in flight to us per connection (and per stream)."""
 HANDSHAKE_TIMEOUT = 10.0  # seconds for a QUIC handshake, and for a hub's peer to say hello
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or closing connections) before going on
 
 
 @dataclass(frozen=True)
