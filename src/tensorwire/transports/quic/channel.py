@@ -20,8 +20,8 @@ from tensorwire.transports.base import (
 from tensorwire.transports.quic.compat import TunedQuicConnection
 from tensorwire.transports.quic.connection import APP_CLOSED, Arrival, Connection
 from tensorwire.transports.quic.engine import Engine
+from tensorwire.transports.quic.messages import decode_stream
 from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
-from tensorwire.transports.quic.streams import decode_stream
 from tensorwire.transports.quic.tls import channel_configuration
 from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
 from tensorwire.transports.url import host_port

@@ -20,7 +20,7 @@ from tensorwire.transports.quic.compat import (
     stream_done,
     unacked_bytes,
 )
-from tensorwire.transports.quic.streams import IncomingStream, SendJob
+from tensorwire.transports.quic.messages import IncomingMessage, SendJob
 from tensorwire.wire import PREFIX_SIZE, Limits
 from tensorwire.wire.format import parse_prefix
 
@@ -65,7 +65,7 @@ class Connection:
         # the peer's unidirectional streams: 2, 6, 10 ... from a client; 3, 7 ... from the hub
         self.next_sid = 3 if client_side else 2
         self.hello_only = not client_side  # a hub's peer: its first stream only, until joined
-        self._incoming: dict[int, IncomingStream] = {}
+        self._incoming: dict[int, IncomingMessage] = {}
         self._ready: dict[int, Arrival] = {}
         self._dead: set[int] = set()  # peer streams given up on: their late data is dropped
         self.jobs: deque[SendJob] = deque()
@@ -155,7 +155,7 @@ class Connection:
             return
         rx = self._incoming.get(sid)
         if rx is None:
-            rx = self._incoming[sid] = IncomingStream()
+            rx = self._incoming[sid] = IncomingMessage()
         if data:
             rx.chunks.append(data)
             rx.size += len(data)

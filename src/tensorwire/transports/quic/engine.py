@@ -20,7 +20,7 @@ from tensorwire.errors import TransportTimeout
 from tensorwire.transports.base import _log_limited, remaining
 from tensorwire.transports.quic.compat import host_connection_ids, peer_close, terminated
 from tensorwire.transports.quic.connection import APP_REFUSED, Connection
-from tensorwire.transports.quic.streams import SendJob
+from tensorwire.transports.quic.messages import SendJob
 from tensorwire.wire import EncodedMessage
 
 log = logging.getLogger("tensorwire.transports.quic")

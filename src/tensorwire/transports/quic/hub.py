@@ -27,8 +27,8 @@ from tensorwire.transports.quic.connection import (
     Connection,
 )
 from tensorwire.transports.quic.engine import Engine
+from tensorwire.transports.quic.messages import SendJob, decode_stream
 from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
-from tensorwire.transports.quic.streams import SendJob, decode_stream
 from tensorwire.transports.quic.tls import hub_configuration, verify_client
 from tensorwire.transports.session import (
     HELLO_LIMITS,

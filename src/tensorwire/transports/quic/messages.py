@@ -1,4 +1,4 @@
-"""One message per QUIC stream: the bytes of one as they arrive, one on its way out, and
+"""A message on a QUIC stream of its own: its bytes as they arrive, one on its way out, and
 decoding a stream's bytes into a message."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ PIECE = 1 << 20
 
 
 @dataclass(eq=False)
-class IncomingStream:
+class IncomingMessage:
     """A message arriving on one stream: its bytes as they came, checked against the limits."""
 
     chunks: list[bytes] = field(default_factory=list)
