@@ -373,28 +373,6 @@ def test_a_stranger_that_reads_nothing_cannot_stall_the_hub(hub, ctx):
         good.close()
 
 
-def test_a_channel_waits_for_a_hub_that_starts_later():
-    import socket
-
-    probe = socket.create_server(("127.0.0.1", 0))
-    url = f"zmq+tcp://127.0.0.1:{probe.getsockname()[1]}"
-    probe.close()
-    result: dict[str, object] = {}
-
-    def client() -> None:
-        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
-            result["msg"] = ch.recv(timeout=T)
-
-    t = threading.Thread(target=client)
-    t.start()
-    time.sleep(1.5)  # past the first attempt: dial retries
-    with tensorwire.serve(url) as hub:
-        hub.wait_for(1, timeout=T)
-        hub.send("early", {"v": np.arange(3)})
-        t.join(T)
-    assert np.array_equal(result["msg"]["v"], np.arange(3))
-
-
 def test_the_credential_check_sees_only_hellos_on_their_own_routing_id(ctx):
     seen = []
 
