@@ -35,8 +35,10 @@ from tensorwire.transports.session import (
     bye,
 )
 from tensorwire.transports.stream_socket import sendmsg_all, wait_ready
-from tensorwire.transports.udp.link import Link, UdpStats, control_limits, decode_received
+from tensorwire.transports.udp.flow import Flow
+from tensorwire.transports.udp.flow_base import control_limits
 from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.transports.udp.loss import decode_received
 from tensorwire.transports.udp.options import MODES, parse_udp_url
 from tensorwire.transports.udp.secure import (
     DATAGRAM_KEY_BYTES,
@@ -53,6 +55,7 @@ from tensorwire.transports.udp.sockets import (
     connected_udp,
     drain,
 )
+from tensorwire.transports.udp.stats import UdpStats
 from tensorwire.wire import EncodedMessage, Limits, Message
 from tensorwire.wire.tensors import TensorPath, flatten
 
@@ -133,7 +136,7 @@ class UdpChannel(Channel):
     tensor (in either mode), and a message the hub sent whose header or half whose bytes
     were lost raises ``TruncatedMessage`` (the next ``recv`` goes on). ``udp_stats`` counts
     datagrams, retransmits and losses; ``errors`` keeps what was dropped (bad chunks, and
-    datagrams that do not verify). ``tls=`` runs the control link under TLS and seals the
+    datagrams that do not verify). ``tls=`` runs the control connection under TLS and seals the
     datagrams; ``key=`` (the enrolled secret) proves this client's id to a hub with keys.
     """
 
@@ -218,7 +221,7 @@ class UdpChannel(Channel):
                 f"mode={self.settings.mode}: use the hub's URL"
             )
         port = _hub_udp_port(welcome, self._port)
-        if port != self._port:  # the control link reaches the hub through a proxy, say
+        if port != self._port:  # the control connection reaches the hub through a proxy, say
             peer = udp.getpeername()
             udp.connect((peer[0], port, *peer[2:]))
         seal = None
@@ -240,8 +243,8 @@ class UdpChannel(Channel):
         self._udp = conn.udp
         self._inbox = Inbox()
         self._previous: dict[TensorPath, np.ndarray] | None = None
-        self._loop = IoLoop(f"tensorwire-udp-{self.client_id}", lambda now: self._link.tick(now))
-        self._link = Link(
+        self._loop = IoLoop(f"tensorwire-udp-{self.client_id}", lambda now: self._flow.tick(now))
+        self._flow = Flow(
             label="hub",
             mode=self.mode,
             options=self.settings,
@@ -271,7 +274,7 @@ class UdpChannel(Channel):
 
     def _on_datagram(self, view: memoryview, sender: tuple[str, int], now: float) -> None:
         try:
-            self._link.on_datagram(view, now)
+            self._flow.on_datagram(view, now)
         except WireError as exc:
             self._rejected(exc)
         except PeerGone:
@@ -285,7 +288,7 @@ class UdpChannel(Channel):
     def _on_control(self) -> None:
         self._drain()  # datagrams sent before this control message are counted first
         try:
-            items = self._link.reader.read()
+            items = self._flow.reader.read()
         except PeerGone as exc:
             self._lost(exc)
             return
@@ -293,23 +296,23 @@ class UdpChannel(Channel):
 
     def _handle_control(self, items: list[Message | WireError]) -> None:
         now = time.perf_counter()
-        link = self._link
+        flow = self._flow
         for item in items:
-            if link.closed:
+            if flow.closed:
                 return
             if isinstance(item, WireError):
                 self._rejected(item)
-                if link.reader.stream.broken:
+                if flow.reader.stream.broken:
                     self._lost(PeerGone(f"the hub sent bytes that are not a message ({item})"))
                     return
                 continue
             try:
                 if item.kind in CONTROL_KINDS:
-                    if isinstance(link.session.receive(item), Closed):
-                        self._lost(link.session.closed_error())
+                    if isinstance(flow.session.receive(item), Closed):
+                        self._lost(flow.session.closed_error())
                         return
                 else:
-                    link.on_control(item, now)
+                    flow.on_control(item, now)
             except WireError as exc:
                 self._rejected(exc)
             except PeerGone:  # an answer could not be written: the writer's on_broken ends
@@ -317,16 +320,16 @@ class UdpChannel(Channel):
 
     def _lost(self, exc: Exception) -> None:
         """The session ended: fail waiting sends; ``recv`` raises after queued messages."""
-        link = self._link
-        if link.closed:
+        flow = self._flow
+        if flow.closed:
             return
         gone = exc if isinstance(exc, PeerGone) else PeerGone(str(exc))
-        link.flush(time.perf_counter())
-        link.close(gone)
-        self._loop.remove(link.control)
+        flow.flush(time.perf_counter())
+        flow.close(gone)
+        self._loop.remove(flow.control)
         self._loop.remove(self._udp)
         with contextlib.suppress(OSError):  # the hub learns at once that this session ended
-            link.control.shutdown(socket.SHUT_RDWR)
+            flow.control.shutdown(socket.SHUT_RDWR)
         self._inbox.fail(gone)
 
     # -- API ---------------------------------------------------------------------------------
@@ -334,7 +337,7 @@ class UdpChannel(Channel):
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         if self._closed:
             raise PeerGone("channel is closed; call reconnect()")
-        self._link.send_message(enc, deadline)
+        self._flow.send_message(enc, deadline)
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         if self._closed:
@@ -343,7 +346,7 @@ class UdpChannel(Channel):
             got = self._inbox.get(deadline)
             if isinstance(got, Exception):
                 raise got  # a message the hub announced was lost
-            best_effort = not self._link.reliable
+            best_effort = not self._flow.reliable
             msg = decode_received(self, got, self._previous if out is None and best_effort else out)
             if best_effort:
                 self._previous = dict(flatten(msg.tensors))
@@ -357,8 +360,8 @@ class UdpChannel(Channel):
         self._closed = True
         self._loop.stop()
         gone = PeerGone("channel is closed; call reconnect()")
-        self._link.close(gone)
-        _close(self._link.control)
+        self._flow.close(gone)
+        _close(self._flow.control)
         self._udp.close()
         self._inbox.fail(gone)
 
@@ -366,9 +369,9 @@ class UdpChannel(Channel):
         """Say goodbye to the hub and close the sockets."""
         if self._closed:
             return
-        if not self._link.closed:
+        if not self._flow.closed:
             with contextlib.suppress(TransportError):  # gone already: nothing to say
-                self._link.writer.write(bye())
+                self._flow.writer.write(bye())
         self._loop.stop()
-        self._link.writer.flush(deadline_after(BYE_TIMEOUT))
+        self._flow.writer.flush(deadline_after(BYE_TIMEOUT))
         self._drop()
