@@ -13,20 +13,19 @@ import select
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
 from tensorwire.transports.base import (
+    BYE_TIMEOUT,
     Channel,
+    ChannelOptions,
     Inbox,
     deadline_after,
-    default_client_id,
-    dial,
     remaining,
 )
-from tensorwire.transports.security import TLS
 from tensorwire.transports.session import (
     CONTROL_KINDS,
     ClientSession,
@@ -56,10 +55,9 @@ from tensorwire.transports.udp.sockets import (
     drain,
 )
 from tensorwire.transports.udp.stats import UdpStats
-from tensorwire.wire import EncodedMessage, Limits, Message
+from tensorwire.wire import EncodedMessage, Message
 from tensorwire.wire.tensors import TensorPath, flatten
 
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at the control
 
 
@@ -128,7 +126,7 @@ def _hub_udp_port(welcome: Welcomed, default: int) -> int:
 
 
 class UdpChannel(Channel):
-    """A client of a :class:`UdpHub`; retries reaching it for ``timeout`` seconds.
+    """A client of a :class:`UdpHub`; retries reaching it for ``timeouts.connect`` seconds.
 
     The hub's mode applies (a ``mode=`` in this URL must agree with it). In best-effort
     mode, :meth:`recv` decodes into the previous message's arrays unless given ``out=``, so
@@ -141,49 +139,38 @@ class UdpChannel(Channel):
     """
 
     protocol = "udp"
+    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
+    options: ChannelOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
+    def __init__(self, url: str, options: ChannelOptions) -> None:
+        super().__init__(url, options)
         self._host, self._port, self.settings = parse_udp_url(url)
-        self.client_id = client_id or default_client_id()
         self.mode = self.settings.mode or "reliable"
-        self._credentials(tls, key)
-        self._ssl = None if tls is None else tls.client_context()
+        self._ssl = None if self.tls is None else self.tls.client_context()
         if self._ssl is not None:
             check_sealed_mtu(self.settings.mtu)
         self.udp_stats = UdpStats()
         self._rxbuf = bytearray(MAX_DATAGRAM)
-        self._closed = True
-        self.reconnect(timeout)
+        self.reconnect()
 
     # -- connecting ----------------------------------------------------------------------
 
-    def _open(self, deadline: float | None) -> _Connection:
+    def _open(self, deadline: float | None) -> Welcomed:
         control = socket.create_connection((self._host, self._port), timeout=remaining(deadline))
         try:
             control.settimeout(None)  # blocking: deadlines are per call, never the socket's
             control.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             udp = connected_udp(self._host, self._port, self.settings.buffer)
             try:
-                return self._hello(control, udp, deadline)
+                conn = self._hello(control, udp, deadline)
             except BaseException:
                 udp.close()
                 raise
         except BaseException:
             _close(control)
             raise
+        self._start(conn)
+        return conn.welcome
 
     def _hello(
         self, control: socket.socket, udp: socket.socket, deadline: float | None
@@ -232,14 +219,9 @@ class UdpChannel(Channel):
             seal = DatagramSeal(datagram_key(welcome_key, session.key), hub=False)
         return _Connection(control, udp, reader, session, welcome, items[1:], rtt, seal)
 
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)join the hub with the same client id, over new sockets."""
-        if not self._closed:
-            self._drop()
-        conn = dial(self._open, what=self.url, timeout=timeout)
+    def _start(self, conn: _Connection) -> None:
+        """Run the session a hello opened: its flow, and the I/O loop that drives it."""
         self.mode = conn.welcome.meta["mode"]
-        self.hub_decoders = conn.welcome.decoders
-        self.hub_max_bytes = conn.welcome.max_message_bytes
         self._udp = conn.udp
         self._inbox = Inbox()
         self._previous: dict[TensorPath, np.ndarray] | None = None
@@ -264,7 +246,6 @@ class UdpChannel(Channel):
         self._loop.add(conn.control, self._on_control)
         if conn.rest:
             self._loop.call(lambda: self._handle_control(conn.rest))
-        self._closed = False
         self._loop.start()
 
     # -- I/O thread ------------------------------------------------------------------------
@@ -357,7 +338,6 @@ class UdpChannel(Channel):
         """Close the sockets without a goodbye (the hub sees the connection drop)."""
         if self._closed:
             return
-        self._closed = True
         self._loop.stop()
         gone = PeerGone("channel is closed; call reconnect()")
         self._flow.close(gone)
@@ -365,13 +345,11 @@ class UdpChannel(Channel):
         self._udp.close()
         self._inbox.fail(gone)
 
-    def close(self) -> None:
-        """Say goodbye to the hub and close the sockets."""
-        if self._closed:
-            return
+    def _say_goodbye(self) -> None:
+        """Queue ``bye`` on the control connection, stop the I/O loop and give the bye
+        ``BYE_TIMEOUT`` seconds to go out."""
         if not self._flow.closed:
             with contextlib.suppress(TransportError):  # gone already: nothing to say
                 self._flow.writer.write(bye())
         self._loop.stop()
         self._flow.writer.flush(deadline_after(BYE_TIMEOUT))
-        self._drop()

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports.base import Hub, deadline_after
+from tensorwire.transports.base import Hub, HubOptions, deadline_after
 from tensorwire.transports.security import peer_common_name
 from tensorwire.transports.session import (
     CONTROL_KINDS,
@@ -115,9 +115,10 @@ class UdpHub(Hub):
     """
 
     protocol = "udp"
+    options_type: ClassVar[type[HubOptions]] = HubOptions
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, url: str, options: HubOptions) -> None:
+        super().__init__(url, options)
         host, port, self.settings = parse_udp_url(url, default_port=0)
         self.mode = self.settings.mode or "reliable"
         self._ssl = None if self.tls is None else self.tls.server_context()
