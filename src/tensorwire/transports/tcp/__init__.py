@@ -14,5 +14,6 @@ reading a connection.
 
 from tensorwire.transports.tcp.channel import TcpChannel
 from tensorwire.transports.tcp.hub import TcpHub
+from tensorwire.transports.tcp.options import TcpHubOptions
 
-__all__ = ["TcpChannel", "TcpHub"]
+__all__ = ["TcpChannel", "TcpHub", "TcpHubOptions"]

@@ -2,56 +2,33 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, TransportError, WireError
-from tensorwire.transports.base import Channel, deadline_after, default_client_id, dial
-from tensorwire.transports.security import TLS
-from tensorwire.transports.session import Closed, Data, State, Welcomed, bye
-from tensorwire.transports.sockets import (
-    StreamReader,
-    connect_stream,
-    send_before_close,
-    send_encoded,
-    shutdown,
-)
-from tensorwire.transports.tcp.hub import BYE_TIMEOUT
+from tensorwire.transports.base import Channel, ChannelOptions
+from tensorwire.transports.session import Closed, Data, State, Welcomed
+from tensorwire.transports.sockets import StreamReader, connect_stream, send_encoded, shutdown
 from tensorwire.transports.url import host_port, query_options
-from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
+from tensorwire.wire import EncodedMessage, Message, MessageStream
 
 
 class TcpChannel(Channel):
-    """A client's connection to a :class:`TcpHub`; retries connecting for ``timeout`` seconds."""
+    """A client's connection to a :class:`TcpHub`; dials for ``timeouts.connect`` seconds."""
 
     protocol = "tcp"
+    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
-        self.client_id = client_id or default_client_id()
+    def __init__(self, url: str, options: ChannelOptions) -> None:
+        super().__init__(url, options)
         query_options(url, ())
         self._address = host_port(url)
-        self._credentials(tls, key)
-        self._ssl = None if tls is None else tls.client_context()
+        self._ssl = None if self.tls is None else self.tls.client_context()
         self._send_lock = threading.Lock()
-        self._closed = True
-        self.reconnect(timeout)
+        self.reconnect()
 
-    def _open(self, deadline: float | None) -> tuple[socket.socket, StreamReader, Welcomed]:
+    def _open(self, deadline: float | None) -> Welcomed:
         server_name = None if self.tls is None else self.tls.server_name
         sock = connect_stream(self._address, deadline, self._ssl, server_name)
         session = self._client_session(f"the hub at {self.url}")
@@ -63,18 +40,8 @@ class TcpChannel(Channel):
             sock.close()
             raise
         assert isinstance(welcome, Welcomed)
-        self._session = session
-        return sock, reader, welcome
-
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)dial the hub and say hello with the same client id."""
-        if not self._closed:
-            self._drop()
-        sock, reader, welcome = dial(self._open, what=self.url, timeout=timeout)
-        self._sock, self._reader = sock, reader
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
-        self._closed = False
+        self._sock, self._reader, self._session = sock, reader, session
+        return welcome
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         if self._closed:
@@ -111,14 +78,6 @@ class TcpChannel(Channel):
                 raise self._session.closed_error()
 
     def _drop(self) -> None:
-        self._closed = True
+        self._closed = True  # at once: a send or read that failed drops the connection too
         shutdown(self._sock)
         self._sock.close()
-
-    def close(self) -> None:
-        """Say goodbye to the hub and close the connection."""
-        if self._closed:
-            return
-        with self._send_lock:
-            send_before_close(self._sock, bye(), deadline_after(BYE_TIMEOUT))
-        self._drop()

@@ -23,11 +23,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
-from tensorwire.transports.base import Hub, deadline_after, remaining
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, deadline_after, remaining
 from tensorwire.transports.security import peer_common_name
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, State, bye
 from tensorwire.transports.sockets import (
@@ -43,6 +43,7 @@ from tensorwire.transports.sockets import (
     waker,
     wrap_tls,
 )
+from tensorwire.transports.tcp.options import TcpHubOptions
 from tensorwire.transports.tcp.peer import Peer
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Message, MessageStream
@@ -50,7 +51,6 @@ from tensorwire.wire import EncodedMessage, Message, MessageStream
 log = logging.getLogger("tensorwire.transports.tcp")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or why not) before closing anyway
 CALLER_LINGER_S = 0.02  # a reader thread leaves its connection to recv callers this long
 _NOW = 0.0  # a deadline (time.monotonic()) long past: read what has arrived, never wait
 
@@ -61,13 +61,15 @@ class TcpHub(Hub):
     """Hub listening on ``tcp://host:port`` (port 0 picks a free one; see :attr:`url`)."""
 
     protocol = "tcp"
+    options_type: ClassVar[type[HubOptions]] = TcpHubOptions
+    options: TcpHubOptions
 
-    def __init__(self, url: str, *, backlog: int = 128, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, url: str, options: TcpHubOptions) -> None:
+        super().__init__(url, options)
         query_options(url, ())
         host, port = host_port(url, default_port=0)
         self._ssl = None if self.tls is None else self.tls.server_context()
-        lsock = socket.create_server((host, port), backlog=backlog)
+        lsock = socket.create_server((host, port), backlog=options.backlog)
         self.url = f"tcp://{host}:{lsock.getsockname()[1]}"
         self._peers: dict[str, Peer] = {}
         self._lock = threading.Lock()  # guards _peers
@@ -108,7 +110,7 @@ class TcpHub(Hub):
         return conn, session, reader, addr
 
     def _serve_connection(self, admitted: _Admitted) -> None:
-        """A welcomed connection's thread: membership, then reading until it ends."""
+        """An admitted connection's thread: membership and welcome, then reading to its end."""
         conn, session, reader, addr = admitted
         hello = session.hello
         assert hello is not None

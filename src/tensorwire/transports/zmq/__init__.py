@@ -73,5 +73,6 @@ connection it was, and its heartbeats close it.
 
 from tensorwire.transports.zmq.channel import ZmqChannel
 from tensorwire.transports.zmq.hub import ZmqHub
+from tensorwire.transports.zmq.options import ZmqChannelOptions, ZmqHubOptions
 
-__all__ = ["ZmqChannel", "ZmqHub"]
+__all__ = ["ZmqChannel", "ZmqChannelOptions", "ZmqHub", "ZmqHubOptions"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -20,8 +19,13 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports.base import Channel, deadline_after, default_client_id, dial, remaining
-from tensorwire.transports.security import TLS
+from tensorwire.transports.base import (
+    BYE_TIMEOUT,
+    Channel,
+    ChannelOptions,
+    deadline_after,
+    remaining,
+)
 from tensorwire.transports.session import Closed, Data, State, Welcomed, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
@@ -32,10 +36,10 @@ from tensorwire.transports.zmq.curve import (
     hub_public_key,
     one_curve_option,
 )
+from tensorwire.transports.zmq.options import ZmqChannelOptions
 from tensorwire.transports.zmq.pieces import COPY_BYTES, START, message_pieces
 from tensorwire.transports.zmq.reassembler import Reassembler
 from tensorwire.transports.zmq.sockets import (
-    BYE_TIMEOUT,
     CRYPTOGRAPHIC,
     EVENTS,
     MECHANISM_MISMATCH,
@@ -53,7 +57,7 @@ from tensorwire.transports.zmq.sockets import (
     wait_released,
 )
 from tensorwire.transports.zmq.turns import Turns
-from tensorwire.wire import EncodedMessage, Limits, Message
+from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.zmq")
 
@@ -62,7 +66,7 @@ HANDSHAKE_RESETS = 3  # handshakes a hub closed in one dial: its encryption does
 
 
 class ZmqChannel(Channel):
-    """A client's DEALER connected to a :class:`ZmqHub`; waits up to ``timeout`` seconds for it.
+    """A client's DEALER connected to a :class:`ZmqHub`; dials for ``timeouts.connect`` seconds.
 
     With ``tls=`` or ``curve=`` (a file whose first line is the hub's CURVE public key;
     default ``hub.curve.pub`` beside ``tls.ca``, else ``hub.curve`` there; also the URL option
@@ -73,47 +77,26 @@ class ZmqChannel(Channel):
 
     protocol = "zmq"
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        tls: TLS | None = None,
-        key: Any = None,
-        curve: str | os.PathLike[str] | None = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        curve = one_curve_option(url, curve)
-        self.url = url
-        self.client_id = client_id or default_client_id()
+    options_type: ClassVar[type[ChannelOptions]] = ZmqChannelOptions
+    options: ZmqChannelOptions
+
+    def __init__(self, url: str, options: ZmqChannelOptions) -> None:
+        super().__init__(url, options)
+        curve = one_curve_option(url, options.curve)
         self._host, self._port = host_port(url)
-        self._credentials(tls, key)
         self._hub_key: bytes | None = None  # the hub's CURVE public key (Z85): encrypt
         self._curve_file: Path | None = None
-        if tls is not None or curve is not None:
+        if self.tls is not None or curve is not None:
             check_curve_available()
-            self._curve_file = client_curve_file(curve, tls)
+            self._curve_file = client_curve_file(curve, self.tls)
             self._hub_key = hub_public_key(self._curve_file)
         self._owning = Turns(lambda: wake(self._wake_w))  # who uses the sockets
         self._pending: deque[Message | WireError] = deque()
-        self._closed = True
         self._refusal: TransportError | None = None  # why this connection's handshake failed
         self._welcomed = False  # this connection's session is open
-        self._handshake_resets = 0  # handshakes the hub closed in this reconnect's attempts
-        self.reconnect(timeout)
-
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)connect to the hub and say hello with the same client id, in a new session."""
-        if not self._closed:
-            self._drop()
+        # Handshakes the hub closed since this channel's last session began (dial's attempts).
         self._handshake_resets = 0
-        welcome = dial(self._open, what=f"the hub at {self.url}", timeout=timeout)
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
+        self.reconnect()
 
     def _open(self, deadline: float | None) -> Welcomed:
         """One attempt: a DEALER whose routing id is a new session's id, its hello, the
@@ -136,6 +119,7 @@ class ZmqChannel(Channel):
             raise
         self._session = session
         self._welcomed = True
+        self._handshake_resets = 0
         return welcome
 
     def _start(self, routing_id: bytes) -> None:
@@ -234,6 +218,8 @@ class ZmqChannel(Channel):
         self._handshake_resets += 1
         n = self._handshake_resets
         error = AuthenticationError if n >= HANDSHAKE_RESETS else TransportError
+        if error is AuthenticationError:
+            self._handshake_resets = 0  # judged: a later reconnect counts afresh
         if self._hub_key is not None:
             return error(
                 f"{where} ended the CURVE handshake {n} time(s): its key is not the public key "
@@ -373,8 +359,9 @@ class ZmqChannel(Channel):
             if not self._closed:
                 self._teardown(0.0)
 
-    def close(self) -> None:
-        """Say goodbye to the hub and close the connection."""
+    def _say_goodbye(self) -> None:
+        """Queue the bye and close with a linger: libzmq's I/O thread sends it as the context
+        ends (a bye queued by the default, then dropped at once, would be thrown away)."""
         with self._owning:
             if self._closed:
                 return

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -22,17 +21,17 @@ from tensorwire.errors import (
     TruncatedMessage,
     WireError,
 )
-from tensorwire.transports.base import Hub, remaining
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, remaining
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, Hello, HubSession, State, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
 from tensorwire.transports.zmq.curve import hub_keys, one_curve_option
+from tensorwire.transports.zmq.options import ZmqHubOptions
 from tensorwire.transports.zmq.outbound import RouterOutbound
 from tensorwire.transports.zmq.peer import Peer, peer_name, stranger_name
 from tensorwire.transports.zmq.pieces import message_pieces
 from tensorwire.transports.zmq.reassembler import Reassembler
 from tensorwire.transports.zmq.sockets import (
-    BYE_TIMEOUT,
     CRYPTOGRAPHIC,
     EVENTS,
     MECHANISM_MISMATCH,
@@ -68,12 +67,12 @@ class ZmqHub(RouterOutbound, Hub):
     """
 
     protocol = "zmq"
+    options_type: ClassVar[type[HubOptions]] = ZmqHubOptions
+    options: ZmqHubOptions
 
-    def __init__(
-        self, url: str, *, curve: str | os.PathLike[str] | None = None, **options: Any
-    ) -> None:
-        super().__init__(**options)
-        curve = one_curve_option(url, curve)
+    def __init__(self, url: str, options: ZmqHubOptions) -> None:
+        super().__init__(url, options)
+        curve = one_curve_option(url, options.curve)
         host, port = host_port(url, default_port=0)
         self._curve = self.tls is not None or curve is not None
         keys = hub_keys(curve, self.tls, self.authenticate) if self._curve else None

@@ -11,7 +11,6 @@ from tensorwire.transports.zmq.pieces import COPY_BYTES, PIECE_BYTES
 
 MAX_FRAME_BYTES = 2 * PIECE_BYTES  # a peer sending a bigger frame is disconnected by libzmq
 QUEUE_PIECES = 32  # ZeroMQ messages each socket queues per peer and direction (high-water mark)
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 HEARTBEAT_IVL_MS = 5_000  # ZMTP pings find connections whose peer vanished without a FIN
 HEARTBEAT_TIMEOUT_MS = 30_000
 # What a socket monitor reports: a connection closed, or its ZMTP handshake failed.
