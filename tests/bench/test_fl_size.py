@@ -105,7 +105,7 @@ def test_a_payload_experiment_has_a_directory_safe_key():
 
 
 def test_payload_sizes_join_the_models_axis():
-    from tensorwire.cli.app import _check_fl_choices, _models_and_payloads
+    from tensorwire.cli.bench_fl import _check_fl_choices, _models_and_payloads
 
     assert _models_and_payloads(None, "1MB,10MB") == ("payload:1MB", "payload:10MB")
     assert _models_and_payloads("resnet18", "1MB") == ("resnet18", "payload:1MB")
