@@ -182,7 +182,11 @@ def bench_latency_cmd(
     ] = True,
     out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
 ) -> None:
-    """Small-message ping-pong: raw socket, tensorwire tcp, pyzmq, tensorwire zmq+tcp."""
+    """Small-message ping-pong: raw socket, tensorwire tcp, pyzmq, tensorwire zmq+tcp.
+
+    Per round trip: the wall time, and each side's CPU time (this process's, the echo
+    process's), microseconds.
+    """
     from tensorwire.bench.latency import bench_latency, latency_targets
     from tensorwire.bench.tables import print_table, write_rows
 
@@ -206,6 +210,8 @@ def bench_latency_cmd(
         "median_us",
         "p99_us",
         "min_us",
+        "hub_cpu_us",
+        "echo_cpu_us",
         "baseline",
         "time_vs_baseline",
         "target",
