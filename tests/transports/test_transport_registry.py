@@ -185,12 +185,12 @@ def test_a_registered_transport_is_listed_by_bench_transfer_and_the_cli(
     toy: TransportEntry,
 ) -> None:
     from tensorwire.bench.transfer import wrapped_libraries, wrapped_library
-    from tensorwire.cli import app
+    from tensorwire.cli import options
 
-    assert app._transport_names()[-1] == "toy"
-    assert app._transports_option("all")[-1] == "toy"
-    assert app._transports_option("tcp,toy+tcp") == ["tcp", "toy"]
-    assert "toy" in app._protocols_help()
+    assert options.transport_names()[-1] == "toy"
+    assert options.transports_option("all")[-1] == "toy"
+    assert options.transports_option("tcp,toy+tcp") == ["tcp", "toy"]
+    assert "toy" in options.protocols_help()
     assert wrapped_library("toy") == "socket"
     assert wrapped_libraries(["toy", "zmq", "tcp"]) == ["socket", "pyzmq"]
 
