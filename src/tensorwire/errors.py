@@ -141,3 +141,31 @@ class AuthenticationError(SessionRefused):
     """The hub did not accept this client's credential (or it has none the hub asks for)."""
 
     code = "auth"
+
+
+# --- collective --------------------------------------------------------------------------
+
+
+class CollectiveError(TensorwireError):
+    """A collective operation could not complete on this group. The group is unusable after
+    it (every later operation raises it again): close it and form a new one."""
+
+
+class RankFailed(CollectiveError, TransportError):
+    """A rank died (its connections closed), hung (sent nothing by the deadline) or left the
+    group; ``rank`` names it, the message says what was seen and by whom."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(f"rank {rank} failed: {reason}")
+        self.rank = rank
+        self.reason = reason
+
+
+class CollectiveMismatch(CollectiveError, ValueError):
+    """The ranks called different operations, or the same one with a different shape, dtype,
+    reduction or root; ``rank`` names the first rank seen to differ from this one."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(f"rank {rank} does not match: {reason}")
+        self.rank = rank
+        self.reason = reason

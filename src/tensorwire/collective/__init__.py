@@ -1,0 +1,38 @@
+"""Collectives: a group of ranks that exchange directly, and allreduce and friends on it.
+
+What exists now:
+
+- :class:`Group`, formed by a rendezvous at a tensorwire hub URL on any transport
+  (:meth:`Group.join`; rank 0 or a :class:`Rendezvous` of its own serves the hub) or from
+  torchrun's variables (:meth:`Group.from_env`), with a direct TCP link between every two
+  ranks (the transports' socket kit; wire-format messages, no pickle).
+- ``allreduce`` (sum, mean, min, max), ``reduce_scatter``, ``allgather``, ``broadcast`` and
+  ``barrier`` on numpy arrays and torch CPU tensors, in place or into ``out=``: ring
+  (pipelined) for large tensors, recursive doubling or a binomial tree for small ones.
+- Faults: every operation has a deadline; a rank that dies, hangs, or calls a different
+  operation or shape makes every rank raise a typed error naming it
+  (:class:`~tensorwire.errors.RankFailed`, :class:`~tensorwire.errors.CollectiveMismatch`).
+  A connection without the group's token (given out at the rendezvous) is refused.
+
+Still to come (issue #26): compression inside the collective (fp16/bf16, int8 with fp32
+accumulation, top-k with error feedback); credentials and encryption on the links (``tls=``,
+per-rank keys: today the token keeps strangers out but the traffic is in the clear);
+elastic mode (a group that shrinks past a failed rank); ``Group.from_mpi()``; the
+torch.distributed backend and DDP comm hook; ``tensorwire bench collective``.
+"""
+
+from tensorwire.collective.group import Group
+from tensorwire.collective.options import GroupOptions
+from tensorwire.collective.reduce import REDUCE_OPS
+from tensorwire.collective.rendezvous import Rendezvous
+from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
+
+__all__ = [
+    "REDUCE_OPS",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "Group",
+    "GroupOptions",
+    "RankFailed",
+    "Rendezvous",
+]

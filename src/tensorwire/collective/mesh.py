@@ -1,0 +1,145 @@
+"""Forming the direct links of a group: every rank listens, dials every lower rank and is
+dialled by every higher one; a connection proves it belongs with the group's token.
+
+A dialler sends a hello (its rank and the token the rendezvous gave out) and waits for the
+listener's welcome. The listener admits a hello with the right token from a rank it has not
+admitted yet and refuses anything else (garbage, silence past the handshake deadline, a
+wrong token, a second connection from one rank): the connection is closed, the refusal
+recorded and logged, and the group goes on. The listener stays up for the group's life.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import time
+from typing import Any
+
+from tensorwire.collective import messages
+from tensorwire.collective.link import PeerLink
+from tensorwire.collective.state import GroupState
+from tensorwire.errors import AuthenticationError, RankFailed, SessionRefused, TransportError
+from tensorwire.transports.sockets import (
+    Listener,
+    StreamReader,
+    connect_stream,
+    send_encoded,
+    shutdown,
+    tune,
+)
+from tensorwire.wire import Limits, MessageStream
+
+HANDSHAKE_S = 10.0
+"""Seconds a connection to a rank's listener has to prove it belongs to the group."""
+
+Admitted = tuple[int, socket.socket, StreamReader]
+
+
+def listen(host: str) -> socket.socket:
+    """A listening socket on ``host`` and a port the kernel picks."""
+    return socket.create_server((host, 0), backlog=128)
+
+
+def _handshake_reader(sock: socket.socket) -> StreamReader:
+    return StreamReader(sock, MessageStream(limits=messages.HANDSHAKE_LIMITS))
+
+
+def _opened(reader: StreamReader, limits: Limits) -> StreamReader:
+    """``reader``, its limits raised to a member's once the handshake is done."""
+    reader.stream.limits = limits
+    return reader
+
+
+class Mesh:
+    """The links of ``state``'s rank to every other rank (see the module doc)."""
+
+    def __init__(self, state: GroupState, token: str, heartbeat: float, limits: Limits) -> None:
+        self._state = state
+        self._token = token
+        self._heartbeat = heartbeat
+        self._limits = limits
+        self._listener: Listener[Admitted] | None = None
+
+    def open(self, sock: socket.socket, addresses: list[tuple[str, int]], deadline: float) -> None:
+        """Accept the higher ranks on ``sock`` (listening), dial the lower ones at their
+        ``addresses``; return once every link is up, ``RankFailed`` naming a missing rank
+        at ``deadline``."""
+        state = self._state
+        self._listener = Listener(
+            sock,
+            name=f"rank-{state.rank}-listener",
+            handshake=self._admit,
+            serve=self._serve,
+            refused=state.refused,
+        )
+        for peer in range(state.rank):
+            self._dial(peer, addresses[peer], deadline)
+        with state.lock:
+            while len(state.links) < state.size - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = min(set(range(state.size)) - set(state.links) - {state.rank})
+                    raise RankFailed(missing, f"did not connect to rank {state.rank} in time")
+                state.changed.wait(left)
+
+    def _dial(self, peer: int, address: tuple[str, int], deadline: float) -> None:
+        state = self._state
+        try:
+            sock = connect_stream(address, deadline)
+        except OSError as exc:
+            raise RankFailed(
+                peer, f"rank {state.rank} cannot reach it at {address}: {exc}"
+            ) from None
+        try:
+            send_encoded(sock, messages.hello(state.rank, self._token), deadline)
+            reader = _handshake_reader(sock)
+            reply = reader.read_message(deadline)
+            if reply.kind != messages.WELCOME or reply.meta.get("rank") != peer:
+                raise SessionRefused(f"answered {reply.kind!r}, not a welcome from rank {peer}")
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise RankFailed(peer, f"did not welcome rank {state.rank}: {exc}") from None
+        state.add_link(PeerLink(peer, sock, _opened(reader, self._limits), state, self._heartbeat))
+
+    def _admit(self, conn: socket.socket, address: Any) -> Admitted:
+        """The handshake of a connection to the listener (the kit's Listener thread)."""
+        state = self._state
+        tune(conn)
+        reader = _handshake_reader(conn)
+        deadline = time.monotonic() + HANDSHAKE_S
+        hello = reader.read_message(deadline)
+        token = hello.meta.get("token")
+        if hello.kind != messages.HELLO or not isinstance(token, str):
+            raise SessionRefused(f"sent {hello.kind!r} where a rank's hello was due")
+        if not hmac.compare_digest(token.encode(), self._token.encode()):
+            raise AuthenticationError("its hello does not carry this group's token")
+        peer = hello.meta.get("rank")
+        with state.lock:
+            if not isinstance(peer, int) or not state.rank < peer < state.size:
+                raise SessionRefused(f"claims rank {peer!r}, which does not dial rank {state.rank}")
+            if peer in state.links:
+                raise SessionRefused(f"claims rank {peer}, which is connected already")
+        try:
+            send_encoded(conn, messages.welcome(state.rank), deadline)
+        except OSError as exc:
+            raise TransportError(f"the welcome did not go out: {exc}") from None
+        return peer, conn, reader
+
+    def _serve(self, admitted: Admitted) -> None:
+        peer, conn, reader = admitted
+        state = self._state
+        with state.lock:
+            if peer in state.links:  # two hellos from one rank raced through the handshake
+                state.refused(str(peer), SessionRefused(f"rank {peer} connected twice"))
+                shutdown(conn)
+                conn.close()
+                return
+            link = PeerLink(peer, conn, _opened(reader, self._limits), state, self._heartbeat)
+            state.add_link(link)
+
+    def close(self, timeout: float) -> None:
+        """Stop listening; say bye on every link and close it."""
+        if self._listener is not None:
+            self._listener.close()
+        for link in list(self._state.links.values()):
+            link.close(timeout)

@@ -1,0 +1,42 @@
+"""The messages ranks exchange over their links: tensorwire wire-format messages, told
+apart by ``kind`` (no pickle: a header of msgpack scalars and raw tensor bytes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensorwire.wire import EncodedMessage, Limits, encode_message
+
+HELLO = "tw.coll.hello"  # dialler -> listener: meta rank, token
+WELCOME = "tw.coll.welcome"  # listener -> dialler: meta rank
+DATA = "tw.coll.data"  # a piece of an operation: tensor "x"; meta seq, sig
+BEAT = "tw.coll.beat"  # an idle link's "still here": meta seq (last operation started)
+ABORT = "tw.coll.abort"  # the group failed: meta rank (the culprit), reason, mismatch
+BYE = "tw.coll.bye"  # the sender closes the group
+
+HANDSHAKE_LIMITS = Limits(max_header_bytes=4096, max_message_bytes=4096, max_tensors=0)
+"""What a connection may send before it has proven it belongs to the group."""
+
+
+def hello(rank: int, token: str) -> EncodedMessage:
+    return encode_message(None, {"rank": rank, "token": token}, kind=HELLO)
+
+
+def welcome(rank: int) -> EncodedMessage:
+    return encode_message(None, {"rank": rank}, kind=WELCOME)
+
+
+def data(piece: np.ndarray, seq: int, sig: str, checksum: bool) -> EncodedMessage:
+    return encode_message({"x": piece}, {"seq": seq, "sig": sig}, kind=DATA, checksum=checksum)
+
+
+def beat(seq: int) -> EncodedMessage:
+    return encode_message(None, {"seq": seq}, kind=BEAT)
+
+
+def abort(rank: int, reason: str, mismatch: bool) -> EncodedMessage:
+    return encode_message(None, {"rank": rank, "reason": reason, "mismatch": mismatch}, kind=ABORT)
+
+
+def bye() -> EncodedMessage:
+    return encode_message(None, None, kind=BYE)

@@ -1,0 +1,96 @@
+"""One collective operation in flight on a rank: its sequence number, its signature (what it
+is, on which shape and dtype: every rank must call the same) and its deadline; the sends and
+receives the algorithms make, each checked against all three."""
+
+from __future__ import annotations
+
+import time
+from typing import NoReturn
+
+import numpy as np
+
+from tensorwire.collective import messages
+from tensorwire.collective.link import PeerLink
+from tensorwire.collective.state import GroupState
+from tensorwire.errors import CollectiveMismatch, RankFailed
+
+
+class Operation:
+    """An operation named by ``sig`` with ``timeout`` seconds to complete on this rank."""
+
+    def __init__(self, state: GroupState, sig: str, timeout: float, checksum: bool) -> None:
+        state.check()
+        with state.lock:
+            state.seq += 1
+            self.seq = state.seq
+        self.sig = sig
+        self.deadline = time.monotonic() + timeout
+        self._state = state
+        self._checksum = checksum
+        self._tickets: dict[int, int] = {}
+
+    def _link(self, peer: int) -> PeerLink:
+        return self._state.links[peer]
+
+    def send(self, peer: int, piece: np.ndarray) -> None:
+        """Queue ``piece`` for ``peer``; it must stay unchanged until :meth:`wait_sent`."""
+        enc = messages.data(piece, self.seq, self.sig, self._checksum)
+        self._tickets[peer] = self._link(peer).post(enc, self.deadline)
+
+    def expect(self, peer: int, buf: np.ndarray) -> None:
+        """The next piece from ``peer`` not yet expected belongs in ``buf``."""
+        self._link(peer).expect(buf)
+
+    def recv(
+        self, peer: int, into: np.ndarray | None = None, size: int | None = None
+    ) -> np.ndarray:
+        """The next piece from ``peer`` (of ``size`` elements, or ``into``'s), in ``into``
+        when given; raises the group's failure, or names the culprit at the deadline."""
+        state = self._state
+        link = self._link(peer)
+        with state.lock:
+            while not link.inbox:
+                self._wait(peer, link, f"did not send rank {state.rank} its part")
+            msg = link.take()
+        meta = msg.meta
+        if meta.get("seq") != self.seq or meta.get("sig") != self.sig:
+            self._mismatch(peer, f"operation #{meta.get('seq')}: {meta.get('sig')}")
+        piece = msg.tensors.get("x")
+        want = into.size if into is not None else size
+        if not isinstance(piece, np.ndarray) or (want is not None and piece.size != want):
+            got = getattr(piece, "size", None)
+            self._mismatch(peer, f"a piece of {got} elements where {want} were due")
+        if into is None:
+            return piece
+        if piece is not into:
+            if piece.dtype != into.dtype:
+                self._mismatch(peer, f"a piece of {piece.dtype} where {into.dtype} was due")
+            into[...] = piece.reshape(into.shape)
+        return into
+
+    def wait_sent(self) -> None:
+        """Block until everything this operation sent is out (its buffers free again)."""
+        state = self._state
+        with state.lock:
+            for peer, ticket in self._tickets.items():
+                link = self._link(peer)
+                while link.sent < ticket:
+                    self._wait(peer, link, f"took none of what rank {state.rank} sent")
+        self._tickets.clear()
+
+    def _wait(self, peer: int, link: PeerLink, what: str) -> None:
+        """One wait on the state's condition, or the error that ends the operation."""
+        state = self._state
+        state.check()
+        if link.gone is not None:
+            raise state.fail(RankFailed(peer, link.gone), tell=True)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise state.fail(state.blame(peer, self.seq, what), tell=True)
+        state.changed.wait(left)
+
+    def _mismatch(self, peer: int, theirs: str) -> NoReturn:
+        reason = (
+            f"it called {theirs}; rank {self._state.rank} called operation #{self.seq}: {self.sig}"
+        )
+        raise self._state.fail(CollectiveMismatch(peer, reason), tell=True)

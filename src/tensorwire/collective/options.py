@@ -1,0 +1,37 @@
+"""A group's settings, as one typed value (seconds and bytes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KiB = 1 << 10
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """How a :class:`~tensorwire.collective.Group` forms and runs its operations.
+
+    - ``timeout``: seconds an operation may take when it is not given its own ``timeout=``;
+      past it every rank raises :class:`~tensorwire.errors.RankFailed` naming the culprit.
+    - ``connect_timeout``: seconds to rendezvous and connect to every other rank.
+    - ``heartbeat``: seconds an idle link waits before it says "still here"; a rank silent
+      for ``4 * heartbeat`` when an operation runs out of time is the one named as hung.
+    - ``ring_min_bytes``: tensors of at least this many bytes are allreduced and broadcast
+      along the ring (bandwidth-optimal); smaller ones by recursive doubling or a binomial
+      tree (fewer steps, so lower latency). ``algorithm=`` on a call overrides it.
+    - ``piece_bytes``: the ring and the chain move tensors in pieces of at most this many
+      bytes, so that a piece travels on while the next is received (every link busy).
+    - ``checksum``: every piece carries an xxh3 digest of its bytes, checked on arrival.
+    """
+
+    timeout: float = 60.0
+    connect_timeout: float = 60.0
+    heartbeat: float = 0.5
+    ring_min_bytes: int = 256 * KiB
+    piece_bytes: int = 512 * KiB
+    checksum: bool = True
+
+    @property
+    def silence(self) -> float:
+        """Seconds without a byte from a rank after which it counts as hung."""
+        return 4 * self.heartbeat

@@ -1,0 +1,117 @@
+"""Rendezvous through a tensorwire hub: every rank announces where its listener is and
+receives everyone's, with the token that proves a connection belongs to the group.
+
+The hub is any tensorwire transport's (``tcp://``, ``quic://``, ``mqtt://`` ...): a
+:class:`Rendezvous` serves it (on rank 0, or on a coordinator of its own) and answers once
+all ``size`` ranks have announced; :func:`announce` is a rank's side.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+from tensorwire.errors import CollectiveError, TransportError
+from tensorwire.transports import connect, serve
+
+log = logging.getLogger("tensorwire.collective")
+
+Address = tuple[str, int]
+
+
+class Rendezvous:
+    """A hub at ``url`` that gathers ``size`` ranks' announcements and sends each the table
+    of every rank's listener and a fresh token; it stops once it has (or at ``timeout``
+    seconds, telling the ranks that came which did not). ``url`` is the hub's own, with the
+    port the kernel picked when the given one was 0."""
+
+    def __init__(self, url: str, size: int, timeout: float = 60.0) -> None:
+        self.size = size
+        self._hub = serve(url)
+        self.url = self._hub.url
+        self._timeout = timeout
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="rendezvous", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        hub = self._hub
+        deadline = time.monotonic() + self._timeout
+        clients: dict[int, str] = {}
+        addresses: dict[int, Address] = {}
+        while len(addresses) < self.size:
+            left = deadline - time.monotonic()
+            try:
+                client, msg = hub.recv(timeout=max(left, 0.001))
+            except TransportError:
+                missing = sorted(set(range(self.size)) - set(addresses))
+                self.error = f"ranks {missing} did not come to the rendezvous at {self.url}"
+                break
+            meta = msg.meta
+            rank, size = meta.get("rank"), meta.get("size")
+            if size != self.size:
+                problem = f"it says size={size!r}, the rendezvous was set up for {self.size}"
+            elif not isinstance(rank, int) or not 0 <= rank < self.size:
+                problem = f"rank={rank!r} is not in 0..{self.size - 1}"
+            elif rank in addresses:
+                problem = f"rank {rank} has come already (from {clients[rank]!r})"
+            else:
+                clients[rank] = client
+                addresses[rank] = (str(meta.get("host")), int(meta.get("port", 0)))
+                continue
+            log.warning("rendezvous refused %s: %s", client, problem)
+            hub.send(client, meta={"error": problem})
+        if self.error is not None:
+            answer: dict[str, object] = {"error": self.error}
+        else:
+            answer = {
+                "hosts": [addresses[r][0] for r in range(self.size)],
+                "ports": [addresses[r][1] for r in range(self.size)],
+                "token": secrets.token_hex(16),
+            }
+        for client in clients.values():
+            hub.send(client, meta=answer)
+
+    def close(self) -> None:
+        """Wait for the answers to go out, then close the hub."""
+        self._thread.join(self._timeout)
+        self._hub.close()
+
+    def __enter__(self) -> Rendezvous:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def announce(
+    url: str, rank: int, size: int, address: Address, timeout: float
+) -> tuple[list[Address], str]:
+    """Tell the rendezvous at ``url`` that ``rank`` of ``size`` listens at ``address``;
+    return every rank's listener address and the group's token."""
+    try:
+        with connect(url, client_id=f"rank-{rank}", timeout=timeout) as ch:
+            ch.send(meta={"rank": rank, "size": size, "host": address[0], "port": address[1]})
+            answer = ch.recv(timeout=timeout).meta
+    except TransportError as exc:
+        raise CollectiveError(f"rank {rank}: the rendezvous at {url} failed: {exc}") from exc
+    if "error" in answer:
+        raise CollectiveError(f"rank {rank}: the rendezvous at {url} refused: {answer['error']}")
+    hosts, ports = answer["hosts"], answer["ports"]
+    return [(str(h), int(p)) for h, p in zip(hosts, ports, strict=True)], str(answer["token"])
+
+
+def address_toward(url: str) -> str:
+    """The local address this host reaches ``url``'s host from (loopback for a loopback
+    hub; ``127.0.0.1`` when the URL names no host)."""
+    host = urlsplit(url).hostname
+    if not host:
+        return "127.0.0.1"
+    family, _, _, _, where = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(where)  # a UDP connect sends nothing: it only asks for a route
+        return str(probe.getsockname()[0])

@@ -1,0 +1,96 @@
+"""What every thread of one rank's group shares: the lock and conditions they wait on, the
+links to the other ranks, the operation in progress, and the first failure seen."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from tensorwire.collective import messages
+from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
+
+if TYPE_CHECKING:
+    from tensorwire.collective.link import PeerLink
+
+log = logging.getLogger("tensorwire.collective")
+
+MAX_REFUSALS = 100  # refused strangers remembered (the rest are only logged)
+ABORT_SEND_S = 2.0  # seconds an abort notice may take to reach a rank
+
+
+class GroupState:
+    """Shared by a rank's operation thread and its links' threads (see the module doc).
+
+    A failure is sticky: the first one recorded is raised by every later operation.
+    """
+
+    def __init__(self, rank: int, size: int, silence: float) -> None:
+        self.rank = rank
+        self.size = size
+        self.silence = silence
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # an operation waits on it
+        self.links: dict[int, PeerLink] = {}
+        self.seq = 0  # the last operation this rank started
+        self.failure: CollectiveError | None = None
+        self.closing = False
+        self.refusals: deque[tuple[str, str]] = deque(maxlen=MAX_REFUSALS)
+
+    def add_link(self, link: PeerLink) -> None:
+        with self.lock:
+            self.links[link.peer] = link
+            self.changed.notify_all()
+
+    def check(self) -> None:
+        """Raise the group's failure, if it has one."""
+        if self.failure is not None:
+            raise self.failure
+
+    def fail(self, exc: CollectiveError, tell: bool) -> CollectiveError:
+        """Record ``exc`` if it is the first failure (and, with ``tell``, send every other
+        rank an abort notice naming the culprit); return the failure the group now has."""
+        with self.lock:
+            if self.failure is not None or self.closing:
+                return self.failure or exc
+            self.failure = exc
+            log.warning("rank %d: %s", self.rank, exc)
+            if tell:
+                rank = getattr(exc, "rank", self.rank)
+                notice = messages.abort(
+                    rank, getattr(exc, "reason", str(exc)), isinstance(exc, CollectiveMismatch)
+                )
+                for link in self.links.values():
+                    link.post(notice, time.monotonic() + ABORT_SEND_S, control=True)
+            self.changed.notify_all()
+            for link in self.links.values():
+                link.notify()
+            return exc
+
+    def refused(self, who: str, error: Exception) -> None:
+        """A connection to this rank's listener that did not prove it belongs to the group."""
+        log.warning("rank %d refused a connection from %s: %s", self.rank, who, error)
+        with self.lock:
+            self.refusals.append((who, str(error)))
+            self.changed.notify_all()
+
+    def blame(self, waited_on: int, seq: int, what: str) -> RankFailed:
+        """The rank to name when an operation runs out of time waiting on ``waited_on``: a
+        rank silent for longer than ``silence`` (stopped, or cut off), else one that has not
+        started the operation, else ``waited_on`` itself."""
+        now = time.monotonic()
+        with self.lock:
+            quiet = {p: now - link.last_heard for p, link in self.links.items()}
+            behind = [p for p, link in sorted(self.links.items()) if link.peer_seq < seq]
+        silent = max(quiet, key=lambda p: quiet[p], default=None)
+        if silent is not None and quiet[silent] > self.silence:
+            return RankFailed(
+                silent,
+                f"sent rank {self.rank} nothing for {quiet[silent]:.1f} s "
+                f"(stopped, or cut off) during operation #{seq}",
+            )
+        if behind:
+            return RankFailed(behind[0], f"had not started operation #{seq} by its deadline")
+        return RankFailed(waited_on, f"{what} (operation #{seq}) by the deadline")
