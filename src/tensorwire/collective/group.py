@@ -49,9 +49,13 @@ class Group:
     return the array that holds the result.
     """
 
-    def __init__(self, state: GroupState, mesh: Mesh, options: GroupOptions) -> None:
+    def __init__(
+        self, state: GroupState, mesh: Mesh, options: GroupOptions, address: tuple[str, int]
+    ) -> None:
         self._state = state
         self._mesh = mesh
+        self.address = address
+        """Where this rank listens for the other ranks: (host, port)."""
         self.options = options
         self.rank = state.rank
         self.size = state.size
@@ -86,10 +90,11 @@ class Group:
             rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout)
             url = rendezvous.url
         sock = listen(host or address_toward(url))
+        address = sock.getsockname()[:2]
         state = GroupState(rank, size, opts.silence)
         try:
             addresses, token = announce(
-                url, rank, size, sock.getsockname()[:2], opts.connect_timeout
+                url, rank, size, address, opts.connect_timeout
             )
             mesh = Mesh(state, token, opts.heartbeat, Limits())
             try:
@@ -103,7 +108,7 @@ class Group:
         finally:
             if rendezvous is not None:
                 rendezvous.close()
-        return cls(state, mesh, opts)
+        return cls(state, mesh, opts, address)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Group:

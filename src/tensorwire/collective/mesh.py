@@ -92,7 +92,8 @@ class Mesh:
             ) from None
         try:
             send_encoded(sock, messages.hello(state.rank, self._token), deadline)
-            reader = _handshake_reader(sock)
+            # a member's limits at once: the welcome may come with the peer's first messages
+            reader = StreamReader(sock, MessageStream(limits=self._limits))
             reply = reader.read_message(deadline)
             if reply.kind != messages.WELCOME or reply.meta.get("rank") != peer:
                 raise SessionRefused(f"answered {reply.kind!r}, not a welcome from rank {peer}")

@@ -107,11 +107,14 @@ def announce(
 
 def address_toward(url: str) -> str:
     """The local address this host reaches ``url``'s host from (loopback for a loopback
-    hub; ``127.0.0.1`` when the URL names no host)."""
+    hub; ``127.0.0.1`` when the URL names no host, as ``mem://`` URLs do not)."""
     host = urlsplit(url).hostname
     if not host:
         return "127.0.0.1"
-    family, _, _, _, where = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    try:
+        family, _, _, _, where = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    except (socket.gaierror, UnicodeError):  # no host, or a name that is not a host's (mem://)
+        return "127.0.0.1"
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect(where)  # a UDP connect sends nothing: it only asks for a route
         return str(probe.getsockname()[0])
