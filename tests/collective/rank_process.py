@@ -194,7 +194,8 @@ def main(scenario: str, url: str, rank: int, size: int) -> int:
     try:
         SCENARIOS[scenario](group)
     except CollectiveError as exc:
-        say(error=type(exc).__name__, rank=getattr(exc, "rank", None), message=str(exc), t=time.monotonic())
+        culprit = getattr(exc, "rank", None)
+        say(error=type(exc).__name__, rank=culprit, message=str(exc), t=time.monotonic())
         return 0
     finally:
         group.close()

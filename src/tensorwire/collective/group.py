@@ -93,9 +93,7 @@ class Group:
         address = sock.getsockname()[:2]
         state = GroupState(rank, size, opts.silence)
         try:
-            addresses, token = announce(
-                url, rank, size, address, opts.connect_timeout
-            )
+            addresses, token = announce(url, rank, size, address, opts.connect_timeout)
             mesh = Mesh(state, token, opts.heartbeat, Limits())
             try:
                 mesh.open(sock, addresses, deadline)

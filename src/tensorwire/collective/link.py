@@ -132,9 +132,8 @@ class PeerLink:
                 except TransportTimeout:
                     what = f"took no more of what rank {state.rank} sent it"
                     state.fail(state.blame(self.peer, state.seq, what), tell=True)
-                except PeerGone as exc:
-                    if not (self._stopping or self.gone):
-                        state.fail(RankFailed(self.peer, f"connection lost ({exc})"), tell=False)
+                except PeerGone:
+                    pass  # the reader sees the end too, after any abort notice sent before it
                 last_sent = time.monotonic()
             if counted:
                 with self._work:
@@ -186,8 +185,8 @@ class PeerLink:
         with state.lock:
             if self._stopping or state.closing:
                 return
-            if self.gone is None:
-                state.fail(RankFailed(self.peer, reason), tell=False)
+            if self.gone is None:  # told: the others may see this rank's end before the peer's
+                state.fail(RankFailed(self.peer, reason), tell=True)
             self.gone = self.gone or reason
             state.changed.notify_all()
 
