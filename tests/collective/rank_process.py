@@ -189,7 +189,10 @@ SCENARIOS = {
 
 def main(scenario: str, url: str, rank: int, size: int) -> int:
     signal.alarm(300)
-    group = Group.join(url, rank=rank, size=size, serve=False, heartbeat=0.25, timeout=120)
+    pieces = {"piece_bytes": 64 << 10} if scenario == "algorithms" else {}  # many per segment
+    group = Group.join(
+        url, rank=rank, size=size, serve=False, heartbeat=0.25, timeout=120, **pieces
+    )
     say(ready=rank, address=list(group.address))
     try:
         SCENARIOS[scenario](group)

@@ -28,7 +28,7 @@ class GroupOptions:
     connect_timeout: float = 60.0
     heartbeat: float = 0.5
     ring_min_bytes: int = 256 * KiB
-    piece_bytes: int = 512 * KiB
+    piece_bytes: int = 4096 * KiB
     checksum: bool = True
 
     @property

@@ -64,7 +64,7 @@ class Rendezvous:
                 addresses[rank] = (str(meta.get("host")), int(meta.get("port", 0)))
                 continue
             log.warning("rendezvous refused %s: %s", client, problem)
-            hub.send(client, meta={"error": problem})
+            self._answer(client, {"error": problem})
         if self.error is not None:
             answer: dict[str, object] = {"error": self.error}
         else:
@@ -74,7 +74,13 @@ class Rendezvous:
                 "token": secrets.token_hex(16),
             }
         for client in clients.values():
-            hub.send(client, meta=answer)
+            self._answer(client, answer)
+
+    def _answer(self, client: str, answer: dict[str, object]) -> None:
+        try:
+            self._hub.send(client, meta=answer)
+        except TransportError as exc:  # it left: it has nothing to wait for
+            log.warning("rendezvous could not answer %s: %s", client, exc)
 
     def close(self) -> None:
         """Wait for the answers to go out, then close the hub."""
@@ -94,7 +100,8 @@ def announce(
     """Tell the rendezvous at ``url`` that ``rank`` of ``size`` listens at ``address``;
     return every rank's listener address and the group's token."""
     try:
-        with connect(url, client_id=f"rank-{rank}", timeout=timeout) as ch:
+        name = f"rank-{rank}-{secrets.token_hex(4)}"  # unique: a second "rank 3" is refused
+        with connect(url, client_id=name, timeout=timeout) as ch:
             ch.send(meta={"rank": rank, "size": size, "host": address[0], "port": address[1]})
             answer = ch.recv(timeout=timeout).meta
     except TransportError as exc:
