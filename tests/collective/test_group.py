@@ -94,6 +94,7 @@ def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
                 lambda: g.broadcast(np.ones(3), root=2),
                 lambda: g.allreduce(np.array(["a"])),
                 lambda: g.allreduce([1.0, 2.0]),
+                lambda: g.allreduce(np.broadcast_to(np.ones(1), (3,))),  # read-only
             ):
                 with pytest.raises((ValueError, TypeError)) as info:
                     call()

@@ -36,6 +36,8 @@ class WorkArray:
         self.target = target
         self.array = as_array(target, what)
         arr = self.array
+        if not arr.flags.writeable:
+            raise ValueError(f"{what} is read-only: the result is written into it")
         self._direct = arr.flags.c_contiguous and arr.flags.writeable
         self.flat = arr.reshape(-1) if self._direct else np.ascontiguousarray(arr).reshape(-1)
 

@@ -46,7 +46,8 @@ class Group:
     (:class:`~tensorwire.errors.CollectiveMismatch`,
     :class:`~tensorwire.errors.RankFailed`), after which the group is closed for use.
     Operations take numpy arrays and torch CPU tensors, work in place (or into ``out=``) and
-    return the array that holds the result.
+    return the array that holds the result. One operation at a time: a group is not for
+    several threads to call at once.
     """
 
     def __init__(

@@ -18,7 +18,9 @@ class GroupOptions:
       for ``4 * heartbeat`` when an operation runs out of time is the one named as hung.
     - ``ring_min_bytes``: tensors of at least this many bytes are allreduced and broadcast
       along the ring (bandwidth-optimal); smaller ones by recursive doubling or a binomial
-      tree (fewer steps, so lower latency). ``algorithm=`` on a call overrides it.
+      tree (fewer steps, so lower latency). ``algorithm=`` on a call overrides it. The
+      default sits where the two crossed on loopback with 4 ranks (between 256 KiB and
+      1 MiB); on links with a longer round trip the crossover is higher.
     - ``piece_bytes``: the ring and the chain move tensors in pieces of at most this many
       bytes, so that a piece travels on while the next is received (every link busy).
     - ``checksum``: every piece carries an xxh3 digest of its bytes, checked on arrival.
@@ -27,7 +29,7 @@ class GroupOptions:
     timeout: float = 60.0
     connect_timeout: float = 60.0
     heartbeat: float = 0.5
-    ring_min_bytes: int = 256 * KiB
+    ring_min_bytes: int = 512 * KiB
     piece_bytes: int = 4096 * KiB
     checksum: bool = True
 
