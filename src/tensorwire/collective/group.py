@@ -267,9 +267,8 @@ class Group:
         with self._state.lock:
             if self._state.closing:
                 return
+            self._state.closing = True  # from here on, connections ending are no failure
         self._mesh.close(CLOSE_S)
-        with self._state.lock:
-            self._state.closing = True
 
     def __enter__(self) -> Group:
         return self
