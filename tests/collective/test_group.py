@@ -129,3 +129,24 @@ def test_a_rank_that_leaves_is_named_by_the_next_operation() -> None:
     assert isinstance(error, RankFailed)
     assert error.rank == 1
     assert "left the group" in str(error)
+
+
+def test_a_rank_that_never_calls_the_operation_is_named_at_the_deadline() -> None:
+    url = f"mem://coll-{uuid.uuid4().hex}"
+    all_done = threading.Barrier(3, timeout=30)
+
+    def body(rank: int) -> Any:
+        with Group.join(url, rank=rank, size=3, heartbeat=0.1) as group:
+            if rank == 2:  # alive (its links still beat) but busy elsewhere
+                all_done.wait()
+                return None
+            try:
+                group.allreduce(np.ones(8), timeout=1.0)
+            except RankFailed as exc:
+                return exc
+            finally:
+                all_done.wait()
+
+    errors = in_threads(3, body)[:2]
+    assert [e.rank for e in errors] == [2, 2], errors
+    assert all("had not started operation #1" in str(e) for e in errors), errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -17,7 +17,7 @@ from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import ReduceOp, check_reduction, finish
-from tensorwire.collective.rendezvous import Rendezvous, address_toward, announce
+from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward, announce
 from tensorwire.collective.state import GroupState
 from tensorwire.wire import Limits
 
@@ -85,16 +85,40 @@ class Group:
         if not 0 <= rank < size:
             raise ValueError(f"rank={rank} is not in 0..{size - 1} (size={size})")
         opts = replace(options or GroupOptions(), **settings)
-        deadline = time.monotonic() + opts.connect_timeout
         rendezvous = None
         if serve if serve is not None else rank == 0:
             rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout)
             url = rendezvous.url
-        sock = listen(host or address_toward(url))
+        try:
+            return cls._connect(
+                rank,
+                size,
+                host or address_toward(url),
+                opts,
+                lambda address: announce(url, rank, size, address, opts.connect_timeout),
+            )
+        finally:
+            if rendezvous is not None:
+                rendezvous.close()
+
+    @classmethod
+    def _connect(
+        cls,
+        rank: int,
+        size: int,
+        host: str,
+        opts: GroupOptions,
+        exchange: Callable[[Address], tuple[list[Address], str]],
+    ) -> Group:
+        """Listen on ``host``, learn every rank's listener and the group's token from
+        ``exchange`` (given this rank's listener: a rendezvous at a hub URL; MPI's
+        allgather and broadcast are the other way to come), and connect to every rank."""
+        deadline = time.monotonic() + opts.connect_timeout
+        sock = listen(host)
         address = sock.getsockname()[:2]
         state = GroupState(rank, size, opts.silence)
         try:
-            addresses, token = announce(url, rank, size, address, opts.connect_timeout)
+            addresses, token = exchange(address)
             mesh = Mesh(state, token, opts.heartbeat, Limits())
             try:
                 mesh.open(sock, addresses, deadline)
@@ -104,9 +128,6 @@ class Group:
         except BaseException:
             sock.close()
             raise
-        finally:
-            if rendezvous is not None:
-                rendezvous.close()
         return cls(state, mesh, opts, address)
 
     @classmethod
