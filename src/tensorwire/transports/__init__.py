@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorwire.transports.base import Channel, Hub, TransferRecord
+from tensorwire.transports.base import (
+    BroadcastResult,
+    Channel,
+    Hub,
+    MembershipEvent,
+    TransferRecord,
+    default_client_id,
+)
+from tensorwire.transports.local import local_hub_url
 from tensorwire.transports.registry import (
     KNOWN_TRANSPORTS,
     BrokerKind,
@@ -22,7 +30,7 @@ from tensorwire.transports.registry import (
     unknown_scheme,
     unregister_transport,
 )
-from tensorwire.transports.security import split_security_options
+from tensorwire.transports.security import credentials_from_dir, split_security_options
 
 
 def _load(url: str, role: str) -> Any:
@@ -64,13 +72,18 @@ def connect(url: str, **options: Any) -> Channel:
 
 __all__ = [
     "KNOWN_TRANSPORTS",
+    "BroadcastResult",
     "BrokerKind",
     "Channel",
     "Hub",
+    "MembershipEvent",
     "TransferRecord",
     "TransportEntry",
     "connect",
+    "credentials_from_dir",
+    "default_client_id",
     "get_transport",
+    "local_hub_url",
     "register_transport",
     "serve",
     "transports",
