@@ -17,6 +17,7 @@ strategy (it configures a round and aggregates it), and a thin round loop:
 - :mod:`.device_manager`: the devices, who is available, sampling, shards;
 - :mod:`.round`: one round's state and its row;
 - :mod:`.updates`: devices' updates, validated, taken in time, late or rejected;
+- :mod:`.downlink`: the global model going out, whole or as a delta;
 - :mod:`.outbox`: messages to devices, sent by threads;
 - :mod:`.recorder`: the run's rows and results directory;
 - :mod:`.checkpoints`: what is saved after every round and taken back to resume;

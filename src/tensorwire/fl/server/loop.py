@@ -12,7 +12,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,13 @@ import torch
 import tensorwire
 from tensorwire.errors import TransportTimeout
 from tensorwire.fl.checkpoint import Checkpoint, load_checkpoint
-from tensorwire.fl.compression import downlink_codec, xor_delta
+from tensorwire.fl.compression import downlink_codec
 from tensorwire.fl.config import FLConfig
 from tensorwire.fl.errors import FLError, QuorumLost
 from tensorwire.fl.records import RunResult
 from tensorwire.fl.server.checkpoints import restore, resumed_config, save_round
 from tensorwire.fl.server.device_manager import Device, DeviceManager
+from tensorwire.fl.server.downlink import Downlink
 from tensorwire.fl.server.outbox import Outbox
 from tensorwire.fl.server.recorder import MAX_REASON, Recorder, device_records
 from tensorwire.fl.server.round import Round
@@ -35,8 +35,8 @@ from tensorwire.fl.server.task import ServerTask, builtin_task
 from tensorwire.fl.server.updates import UpdateIntake
 from tensorwire.fl.strategies import Strategy, make_strategy
 from tensorwire.fl.task import build, check_same_model
-from tensorwire.fl.train import StateDict, evaluate_model, load_numpy_state, state_to_numpy
-from tensorwire.transports import BroadcastResult, MembershipEvent, credentials_from_dir
+from tensorwire.fl.train import evaluate_model, load_numpy_state, state_to_numpy
+from tensorwire.transports import MembershipEvent, credentials_from_dir
 
 log = logging.getLogger("tensorwire.fl")
 
@@ -87,9 +87,7 @@ class FLServer:
         self.model = build(self.task.factory)
         self.params = frozenset(name for name, _ in self.model.named_parameters())
         self.global_state = state_to_numpy(self.model)
-        self.previous: StateDict | None = None  # the model sent in the last round
         self.strategy = strategy or make_strategy(cfg)
-        self.token = uuid.uuid4().hex  # this server process: a model held from another is stale
         self.devices = DeviceManager(self.task.shard_sizes, cfg.clients)
         self.round_number = 0
         self.first_round = 1
@@ -102,6 +100,7 @@ class FLServer:
         self._closing = threading.Event()
         self.outbox = Outbox(self._queue, self._closing)
         self.updates = UpdateIntake(cfg, self.task.shard_sizes, self.recorder, self.outbox)
+        self.downlink = Downlink(cfg, self.devices, self.outbox, self.recorder)
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -195,7 +194,7 @@ class FLServer:
         elif kind == "event":
             self._on_event(item[1])
         elif kind == "sent":
-            self._on_sent(*item[1:])
+            self.downlink.sent(item[1], item[2], self.current)
         return True
 
     def _wait_for_devices(self, n: int, timeout: float, purpose: str) -> None:
@@ -237,57 +236,12 @@ class FLServer:
         plan = self.strategy.configure_round(r, self.cfg, self.devices)
         rd = Round(r, plan, now, available, waited)
         self.current = rd
-        self._send_model(rd, list(plan.devices))
+        self.downlink.send(rd, list(plan.devices), self.global_state)
         while rd.waiting and time.monotonic() < rd.deadline:
             self._pump(rd.deadline)
         ended = rd.end()
         self.current = None
         self._end_round(rd, ended)
-
-    def _send_model(self, rd: Round, cids: list[str]) -> None:
-        """Send round ``rd``'s global model to ``cids``: a delta to those holding the last
-        round's model (when the downlink is ``delta``), the whole model to the others."""
-        r = rd.number
-        use_delta = self.cfg.downlink == "delta" and self.previous is not None
-        by_delta = [c for c in cids if use_delta and self.devices[c].holds == (self.token, r - 1)]
-        full = [c for c in cids if c not in by_delta]
-        timeout = max(rd.deadline - time.monotonic(), 0.1)
-        groups = []
-        if by_delta:
-            assert self.previous is not None
-            groups.append((by_delta, xor_delta(self.global_state, self.previous), True))
-        if full:
-            groups.append((full, self.global_state, False))
-        for group, payload, delta in groups:
-            for c in group:
-                rd.sent[c] = "delta" if delta else "full"
-                dev = self.devices[c]
-                dev.holds, dev.busy, dev.asked = (self.token, r), r, r
-            meta: dict[str, Any] = {
-                "fl": "round",
-                "round": r,
-                "run": self.token,
-                "config": self.cfg.as_dict(),
-                "shards": {c: self.devices[c].shard for c in group},
-                "dropped": {c: self.devices[c].dropped for c in group if self.devices[c].dropped},
-                "delta": delta,
-            }
-            if delta:
-                meta["base"] = r - 1
-            self.outbox.model(r, group, payload, meta, timeout)
-
-    def _on_sent(self, r: int, result: BroadcastResult) -> None:
-        self.recorder.transfers(r, "model", result.values())
-        rd = self.current if self.current is not None and self.current.number == r else None
-        if rd is not None:
-            rd.downlink += list(result.values())
-        for cid, exc in result.failed.items():
-            dev = self.devices.get(cid)
-            if dev is not None and dev.holds == (self.token, r):
-                dev.holds = None
-            if rd is not None:
-                error = f"{type(exc).__name__}: {exc}"
-                rd.info.setdefault(cid, {})["model_error"] = error[:MAX_REASON]
 
     def _join_round_under_way(self, dev: Device) -> None:
         """Under full participation, a device that becomes available during a round (it
@@ -296,7 +250,7 @@ class FLServer:
         full = self.cfg.clients_per_round is None and self.cfg.fraction >= 1.0
         if rd is not None and full and dev.available() and rd.may_join(dev.id):
             rd.join(dev.id)
-            self._send_model(rd, [dev.id])
+            self.downlink.send(rd, [dev.id], self.global_state)
 
     def _end_round(self, rd: Round, ended: str) -> None:
         """Aggregate if the quorum was met, tell each device, evaluate, record, checkpoint."""
@@ -308,7 +262,7 @@ class FLServer:
             self.global_state = self.strategy.aggregate_round(
                 rd.number, self.cfg, sent, accepted, stale, self.params
             )
-        self.previous = sent
+        self.downlink.previous = sent
         why = (
             ""
             if quorum
@@ -372,7 +326,12 @@ class FLServer:
             return
         self.outbox.tell(
             dev.id,
-            {"fl": "setup", "config": self.cfg.as_dict(), "shard": dev.shard, "run": self.token},
+            {
+                "fl": "setup",
+                "config": self.cfg.as_dict(),
+                "shard": dev.shard,
+                "run": self.downlink.token,
+            },
         )
 
     def _on_message(self, cid: str, msg: tensorwire.Message) -> None:
@@ -427,7 +386,7 @@ class FLServer:
             and dev.id in rd.waiting
             and rd.sent.get(dev.id) == "delta"  # once: it asks again only to make us resend
         ):
-            self._send_model(rd, [dev.id])
+            self.downlink.send(rd, [dev.id], self.global_state)
 
     # -- the end of the run -----------------------------------------------------------------
 
