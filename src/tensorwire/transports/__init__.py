@@ -21,7 +21,9 @@ from tensorwire.transports.base import (
     MembershipEvent,
     Timeouts,
     TransferRecord,
+    default_client_id,
 )
+from tensorwire.transports.local import local_hub_url
 from tensorwire.transports.registry import (
     KNOWN_TRANSPORTS,
     BrokerKind,
@@ -90,7 +92,9 @@ __all__ = [
     "TransferRecord",
     "TransportEntry",
     "connect",
+    "default_client_id",
     "get_transport",
+    "local_hub_url",
     "register_transport",
     "serve",
     "transports",
