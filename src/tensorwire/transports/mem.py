@@ -26,6 +26,7 @@ from tensorwire.transports.session import (
     Data,
     HubSession,
     Joined,
+    State,
     Welcomed,
     bye,
 )
@@ -175,12 +176,10 @@ class MemChannel(Channel):
             except WireError as exc:
                 self._rejected(exc)
                 continue
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
+            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
                 return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
+            if self._is_data(self._session, msg):
+                return msg
 
     def _drop(self) -> None:
         self._finalizer()

@@ -16,7 +16,7 @@ from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
 from tensorwire.transports.base import Hub, HubOptions, deadline_after
 from tensorwire.transports.security import TLS
-from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, bye
+from tensorwire.transports.session import HELLO_LIMITS, HubSession, State, bye
 from tensorwire.transports.shm.connection import (
     Connection,
     check_peer_user,
@@ -169,14 +169,10 @@ class ShmHub(Hub):
         elif msg.kind == "drop":
             mappings.drop(count_of(msg.meta, "seg"))
             return None
-        event = session.receive(msg)
-        if isinstance(event, Data):
+        if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
             self._delivered(conn.peer, msg)
-        elif isinstance(event, Closed):
-            return event.reason
-        else:
-            log.debug("shm: %r: %s", conn.peer, event)
-        return None
+            return None
+        return self._received(conn.peer, session, msg)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
