@@ -37,13 +37,11 @@ from tensorwire.transports.session import (
     State,
     bye,
 )
+from tensorwire.transports.sockets import MAX_HANDSHAKES
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.quic")
-
-MAX_HANDSHAKES = 64
-"""Connections at once that have not said hello; more are ignored until some have."""
 
 
 class QuicHub(Hub):
