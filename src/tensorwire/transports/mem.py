@@ -176,9 +176,8 @@ class MemChannel(Channel):
             except WireError as exc:
                 self._rejected(exc)
                 continue
-            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
-                return msg
-            if self._is_data(self._session, msg):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
 
     def _drop(self) -> None:

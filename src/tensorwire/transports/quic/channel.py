@@ -126,9 +126,8 @@ class QuicChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
-            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
-                return msg
-            if self._is_data(self._session, msg):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
 
     def quic_stats(self) -> dict[str, int]:

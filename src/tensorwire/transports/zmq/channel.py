@@ -290,10 +290,8 @@ class ZmqChannel(Channel):
                     continue
             if isinstance(msg, WireError):
                 raise msg
-            session = self._session
-            if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
-                return msg
-            if self._is_data(session, msg):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
 
     def _first_of(self, events: list[Message | WireError]) -> Message | WireError | None:
