@@ -26,6 +26,7 @@ from tensorwire.transports.session import (
     Data,
     HubSession,
     Joined,
+    State,
     Welcomed,
     bye,
 )
@@ -175,12 +176,9 @@ class MemChannel(Channel):
             except WireError as exc:
                 self._rejected(exc)
                 continue
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
 
     def _drop(self) -> None:
         self._finalizer()

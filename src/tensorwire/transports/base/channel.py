@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 from tensorwire.errors import TransportError, TransportTimeout
 from tensorwire.transports.base.dialling import deadline_after, default_client_id, dial
 from tensorwire.transports.base.endpoint import _Endpoint, _out_by_path
-from tensorwire.transports.base.logs import _log_limited
+from tensorwire.transports.base.logs import _log_limited, log
 from tensorwire.transports.base.options import ChannelOptions
 from tensorwire.transports.base.records import TransferRecord
 from tensorwire.transports.security import TLS, load_secret
-from tensorwire.transports.session import ClientSession, bye
+from tensorwire.transports.session import ClientSession, Closed, Data, bye
 from tensorwire.transports.streams import (
     ACK_KEY,
     DEFAULT_WINDOW,
@@ -123,6 +123,19 @@ class Channel(_Endpoint, ABC):
         finally:
             self._drop()
             self._closed = True
+
+    def _is_data(self, session: ClientSession, msg: Message) -> bool:
+        """True if ``msg`` is data for the caller; else act on it: on the hub's bye, drop the
+        connection and raise why; log the rest. A transport may take open-session data itself
+        first (kind "data", session OPEN), to save a call per message."""
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            return True
+        if isinstance(event, Closed):
+            self._drop()
+            raise session.closed_error()
+        log.debug("%s: from the hub at %s: %s", self.protocol, redacted(self.url), event)
+        return False
 
     def _rejected(self, exc: Exception) -> None:
         """Something on this channel's medium was not a valid message from the hub: counted in

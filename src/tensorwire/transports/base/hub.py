@@ -23,6 +23,7 @@ from tensorwire.transports.base.membership import MAX_EVENTS, Membership, Member
 from tensorwire.transports.base.options import HubOptions
 from tensorwire.transports.base.records import BroadcastResult, TransferRecord
 from tensorwire.transports.security import KeyAuthenticator
+from tensorwire.transports.session import Closed, Data, HubSession
 from tensorwire.transports.streams import (
     ACK_KEY,
     DEFAULT_WINDOW,
@@ -125,6 +126,19 @@ class Hub(Membership, ABC):
             self._inbox.append((client_id, msg))
             self._cond.notify_all()
             return self._inbox.popleft()
+
+    def _received(self, client_id: str, session: HubSession, msg: Message) -> str | None:
+        """Act on a message of a member's open session: deliver data; return why the session
+        ended if it did (a bye); log the rest. A transport may deliver open-session data itself
+        first (kind "data", session OPEN), to save a call per message."""
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(client_id, msg)
+        elif isinstance(event, Closed):
+            return event.reason
+        else:
+            log.debug("%s: %r: %s", self.protocol, client_id, event)
+        return None
 
     def _rejected(self, client_id: str, exc: Exception) -> None:
         _log_limited(

@@ -23,7 +23,7 @@ from tensorwire.transports.quic.engine import Engine
 from tensorwire.transports.quic.messages import decode_stream
 from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
 from tensorwire.transports.quic.tls import channel_configuration
-from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
+from tensorwire.transports.session import ClientSession, State, Welcomed, bye
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Message
 
@@ -126,12 +126,9 @@ class QuicChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
 
     def quic_stats(self) -> dict[str, int]:
         """Packets sent, packets declared lost and probe timeouts on this connection."""

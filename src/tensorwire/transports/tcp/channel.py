@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, TransportError, WireError
 from tensorwire.transports.base import Channel, ChannelOptions
-from tensorwire.transports.session import Closed, Data, State, Welcomed
+from tensorwire.transports.session import State, Welcomed
 from tensorwire.transports.sockets import StreamReader, connect_stream, send_encoded, shutdown
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Message, MessageStream
@@ -68,14 +68,9 @@ class TcpChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
-            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
-                return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
 
     def _drop(self) -> None:
         self._closed = True  # at once: a send or read that failed drops the connection too
