@@ -45,6 +45,10 @@ class BrokerChannel(Channel):
         """Release the connection at once, no goodbye; idempotent; never raises."""
         raise NotImplementedError
 
+    def _abandon(self) -> None:
+        """A connect that failed for good: release it, and what the broker holds for it."""
+        self._drop()
+
     # -- the template ------------------------------------------------------------------------
 
     @property
@@ -69,7 +73,7 @@ class BrokerChannel(Channel):
         try:
             welcome = dial(self._open, what=f"the hub at {self._shown}", timeout=timeout)
         except TransportTimeout:
-            self._drop()
+            self._abandon()
             if self._forged is None:
                 raise
             raise AuthenticationError(
@@ -77,7 +81,7 @@ class BrokerChannel(Channel):
                 f"within {timeout} s: {self._forged}"
             ) from None
         except BaseException:
-            self._drop()
+            self._abandon()
             raise
         self.hub_decoders = welcome.decoders
         self.hub_max_bytes = welcome.max_message_bytes

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tensorwire.errors import PeerGone, TransportError
 from tensorwire.transports.base import Hub
@@ -37,7 +37,10 @@ class BrokerPeer:
     window: ReplayWindow = field(default_factory=ReplayWindow)  # its sealed payloads' numbers
 
 
-class BrokerHub(Hub):
+P = TypeVar("P", bound=BrokerPeer)
+
+
+class BrokerHub(Hub, Generic[P]):
     """A hub whose clients reach it through a broker. ``grace``: seconds of the medium's
     connected time a suspect member has to show itself; ``reassembly_timeout``: seconds a
     chunked message may go without a chunk."""
@@ -47,7 +50,7 @@ class BrokerHub(Hub):
     def __init__(self, *, grace: float, reassembly_timeout: float, **options: Any) -> None:
         super().__init__(**options)
         self._lock = threading.Lock()
-        self._peers: dict[str, BrokerPeer] = {}  # open sessions, by client id
+        self._peers: dict[str, P] = {}  # open sessions, by client id
         self._changed = threading.Condition(self._lock)  # a member left, or is sure again
         self._seq = itertools.count()  # the numbers of the hub's sealed payloads, all sessions'
         most = PREFIX_SIZE + self.limits.max_header_bytes + self.limits.max_message_bytes
@@ -58,7 +61,7 @@ class BrokerHub(Hub):
     # -- what a broker transport implements ----------------------------------------------
 
     def _publish_to(
-        self, client_id: str, peer: Any, enc: EncodedMessage, deadline: float | None, sealer: Any
+        self, client_id: str, peer: P, enc: EncodedMessage, deadline: float | None, sealer: Any
     ) -> None:
         """Publish ``enc`` to one member's session, sealed by ``sealer`` if not None."""
         raise NotImplementedError
@@ -73,15 +76,15 @@ class BrokerHub(Hub):
 
     # -- members ---------------------------------------------------------------------------
 
-    def _peer_of(self, client_id: str) -> Any:
+    def _peer_of(self, client_id: str) -> P | None:
         with self._lock:
             return self._peers.get(client_id)
 
-    def _is_current(self, client_id: str, peer: BrokerPeer) -> bool:
+    def _is_current(self, client_id: str, peer: P) -> bool:
         with self._lock:
             return self._peers.get(client_id) is peer
 
-    def _add_peer(self, client_id: str, peer: BrokerPeer) -> Any:
+    def _add_peer(self, client_id: str, peer: P) -> P | None:
         """Make ``peer`` the member's session (a newer one replaces the old); return the old."""
         with self._lock:
             old = self._peers.get(client_id)
@@ -89,7 +92,7 @@ class BrokerHub(Hub):
             self._graces.clear(client_id)
         return old
 
-    def _forget(self, client_id: str, peer: BrokerPeer, reason: str) -> bool:
+    def _forget(self, client_id: str, peer: P, reason: str) -> bool:
         """``client_id`` left, if ``peer`` is still its session (False: replaced or gone)."""
         with self._changed:
             if self._peers.get(client_id) is not peer:

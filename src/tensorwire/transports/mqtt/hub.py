@@ -68,7 +68,7 @@ def _repeats(payload: bytes, message: bytes) -> bool:
     return head.count == 1 and body == message
 
 
-class MqttHub(BrokerHub):
+class MqttHub(BrokerHub[_Peer]):
     """Hub on the topics under an ``mqtt://host:port/prefix`` URL's prefix (see the package doc).
 
     ``qos`` and ``chunk_bytes`` override the URL's query; ``timeout`` bounds reaching the broker.
@@ -299,7 +299,6 @@ class MqttHub(BrokerHub):
             why = "did not come back after the broker lost its sessions"
             with self._lock:
                 for cid, peer in self._peers.items():
-                    assert isinstance(peer, _Peer)
                     peer.unsure = True
                     self._graces.suspect(cid, why, time.monotonic())
         self._medium_back(detail)
@@ -318,7 +317,7 @@ class MqttHub(BrokerHub):
         give_up = deadline_after(MAX_OUTAGE_S) if deadline is None else deadline
 
         def unsure(cid: str) -> bool:
-            return (peer := self._peers.get(cid)) is not None and peer.unsure  # type: ignore[attr-defined]
+            return (peer := self._peers.get(cid)) is not None and peer.unsure
 
         with self._changed:
             self._changed.wait_for(lambda: not any(map(unsure, clients)), remaining(give_up))
@@ -333,7 +332,7 @@ class MqttHub(BrokerHub):
             return failed
 
     def _publish_to(
-        self, client_id: str, peer: Any, enc: EncodedMessage, deadline: float | None, sealer: Any
+        self, client_id: str, peer: _Peer, enc: EncodedMessage, deadline: float | None, sealer: Any
     ) -> None:
         self._connection.publish(self.settings.down(client_id, peer.sid), enc, deadline, sealer)
 
