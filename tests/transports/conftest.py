@@ -1,9 +1,9 @@
 """Fixtures for the transport conformance suite: one hub per test, any number of channels.
 
-Each transport under test has a module in ``tests/transports/schemes/`` with ``SCHEME`` and
-``hub_url(request) -> str`` (a URL to serve a fresh hub on; it calls ``pytest.skip`` with the
-reason when what the transport needs, a broker say, cannot be had). Adding a transport to
-the suite is adding such a module.
+Each transport under test has a module in ``tests/transports/schemes/`` declaring the hooks of
+``scheme_hooks.py`` (``SCHEME``, ``hub_url(request) -> str``, which calls ``pytest.skip`` with
+the reason when what the transport needs, a broker say, cannot be had, and the injection
+hooks; optional ones as it has them). Adding a transport to the suite is adding such a module.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import scheme_hooks
 
 import tensorwire
 
@@ -23,7 +24,7 @@ def _load(path: Path) -> ModuleType:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return scheme_hooks.check(module)
 
 
 SCHEMES = {

@@ -9,6 +9,8 @@ Scheme hooks (``tests/transports/schemes/<scheme>.py``):
 - ``private_broker(request)`` (broker schemes only): a started private broker with
   ``hub_url()`` (a URL with a fresh prefix on it) and ``restart(down_s)`` (stop, stay down
   ``down_s`` seconds, start again on the same port and data directory).
+- ``IN_PROCESS = True``: hub and channels share a process (mem://), so a peer that hangs or is
+  killed is a thread whose channel stops reading, or is dropped without a goodbye.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scheme_hooks
 
 import tensorwire
 from tensorwire.errors import MessageTooLarge, PeerGone, VersionMismatch
@@ -41,25 +44,73 @@ def _rss() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
-def _spawn(url: str, client_id: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(PEER), url, client_id],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line.strip() != "ready":
-        proc.kill()
-        raise AssertionError(f"peer {client_id} did not start: {line!r}")
-    return proc
+class _ProcessPeer:
+    """A peer in its own process (peer_process.py), stopped and killed by signals."""
+
+    def __init__(self, url: str, client_id: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER), url, client_id], stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.proc.kill()
+            raise AssertionError(f"peer {client_id} did not start: {line!r}")
+
+    def hang(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def reap(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
 
 
-def _reap(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-    proc.wait(timeout=10)
+class _ThreadPeer:
+    """The same peer as a thread, for a scheme of one process: hung, it stops reading; killed,
+    its channel is dropped without a goodbye, as a dead process's connection is."""
+
+    def __init__(self, url: str, client_id: str) -> None:
+        self.ch = tensorwire.connect(url, client_id=client_id, timeout=60)
+        self.hung = threading.Event()
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.ended.is_set():
+            if self.hung.is_set():
+                self.ended.wait(60)
+                return
+            try:
+                msg = self.ch.recv(timeout=0.1)
+            except tensorwire.TransportTimeout:
+                continue
+            except OSError:
+                return
+            self.ch.send({"n": np.array(msg.n_tensors)}, meta=msg.meta, timeout=60)
+
+    def hang(self) -> None:
+        self.hung.set()
+
+    def kill(self) -> None:
+        self.ended.set()
+        self.ch._drop()
+
+    def reap(self) -> None:
+        self.ended.set()
+        self.thread.join(10)
+        self.ch.close()
+
+
+def _spawn(scheme_module, url: str, client_id: str) -> _ProcessPeer | _ThreadPeer:
+    if scheme_hooks.optional(scheme_module, "IN_PROCESS"):
+        return _ThreadPeer(url, client_id)
+    return _ProcessPeer(url, client_id)
 
 
 def _echo(ch: tensorwire.Channel, rounds: int) -> threading.Thread:
@@ -89,13 +140,13 @@ def test_sends_with_a_timeout_keep_every_healthy_peer(make_hub, connect):
     assert hub.clients == [f"dev{i}" for i in range(4)]
 
 
-def test_a_hung_and_a_killed_peer_do_not_delay_the_others(make_hub, connect):
+def test_a_hung_and_a_killed_peer_do_not_delay_the_others(scheme_module, make_hub, connect):
     hub = make_hub(codec=None)
     good = [connect(hub.url, client_id=f"good{i}", codec=None) for i in range(3)]
-    hung, killed = _spawn(hub.url, "hung"), _spawn(hub.url, "killed")
+    hung, killed = _spawn(scheme_module, hub.url, "hung"), _spawn(scheme_module, hub.url, "killed")
     try:
         hub.wait_for(5, timeout=T)
-        hung.send_signal(signal.SIGSTOP)
+        hung.hang()
         threading.Timer(0.2, killed.kill).start()  # dies mid-broadcast
         big = {"v": np.ones(4 << 20, np.float32)}  # 16 MiB: more than any socket buffer holds
         deadline_s = 8.0
@@ -123,8 +174,8 @@ def test_a_hung_and_a_killed_peer_do_not_delay_the_others(make_hub, connect):
         for ch in good:
             assert ch.recv(timeout=T).meta == {"r": 2}
     finally:
-        _reap(hung)
-        _reap(killed)
+        hung.reap()
+        killed.reap()
     deadline = time.monotonic() + 60
     while {"hung", "killed"} & set(hub.clients) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -135,9 +186,7 @@ def test_a_hung_and_a_killed_peer_do_not_delay_the_others(make_hub, connect):
 def test_forged_input_on_the_medium_leaves_recv_clean_and_memory_bounded(
     scheme, scheme_module, make_hub, connect
 ):
-    inject = getattr(scheme_module, "inject_forged", None)
-    if inject is None:
-        pytest.fail(f"tests/transports/schemes/{scheme}.py lacks inject_forged()")
+    inject = scheme_module.inject_forged
     hub = make_hub(codec=None)
     chans = [connect(hub.url, client_id=f"dev{i}", codec=None) for i in range(2)]
     hub.wait_for(2, timeout=T)
@@ -234,7 +283,7 @@ def test_membership_changes_are_events(make_hub, connect):
 
 
 def test_a_broker_restart_is_ridden_out(scheme, scheme_module, request):
-    make_broker = getattr(scheme_module, "private_broker", None)
+    make_broker = scheme_hooks.optional(scheme_module, "private_broker")
     if make_broker is None:
         pytest.skip(f"{scheme}:// has no broker to restart")
     broker = make_broker(request)

@@ -23,7 +23,9 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports import flight as tw_flight
+from tensorwire.transports.flight import batches as flight_batches
+from tensorwire.transports.flight import hub as flight_hub
+from tensorwire.transports.flight import options as flight_options
 from tensorwire.transports.session import ClientSession
 from tensorwire.transports.url import host_port
 from tensorwire.wire import encode_message
@@ -62,7 +64,7 @@ class RawSession:
 
 
 def _raw_session(
-    url: str, client_id: str, uplink: bool = True, schema: pa.Schema = tw_flight.SCHEMA
+    url: str, client_id: str, uplink: bool = True, schema: pa.Schema = flight_options.SCHEMA
 ) -> RawSession:
     client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(url)))
     session = ClientSession(client_id, decoders=[], max_message_bytes=1 << 30)
@@ -71,7 +73,9 @@ def _raw_session(
     down_writer.done_writing()
     up = None
     if uplink:
-        up, _ = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, session.session))
+        up, _ = client.do_exchange(
+            flight.FlightDescriptor.for_path(*flight_options.UP, session.session)
+        )
         up.begin(schema)
     return RawSession(client, down, down_writer, up)
 
@@ -81,7 +85,7 @@ def test_pieces_are_capped_and_big_tensors_go_uncopied():
     tensors = {"big": big, "empty": np.zeros(0), **{f"s{i}": np.full(10, i) for i in range(50)}}
     enc = encode_message(tensors)
     for _ in range(2):  # the second walk finds the digests cached, as a broadcast does
-        pieces = list(tw_flight._pieces(enc, 1 << 20))
+        pieces = list(flight_batches.pieces(enc, 1 << 20))
         assert max(len(p) for p in pieces) <= 1 << 20
         assert b"".join(bytes(p) for p in pieces) == enc.to_bytes()
         from_big = [p for p in pieces if np.shares_memory(np.frombuffer(p, np.uint8), big)]
@@ -91,8 +95,8 @@ def test_pieces_are_capped_and_big_tensors_go_uncopied():
 
 def test_batch_bytes_are_views_of_the_arrow_buffer():
     data = np.arange(1000, dtype=np.uint8)
-    batch = tw_flight._batch(memoryview(data))
-    view = tw_flight._batch_bytes(batch)
+    batch = flight_batches.batch_of(memoryview(data))
+    view = flight_batches.bytes_of(batch)
     assert bytes(view) == data.tobytes() and np.shares_memory(np.frombuffer(view, np.uint8), data)
 
 
@@ -144,7 +148,7 @@ def test_bad_control_message_is_reported_and_the_session_goes_on(hub):
     raw = _raw_session(hub.url, "odd")
     hub.wait_for(1, timeout=T)
     raw.up.write_metadata(b"not a message")
-    raw.up.write_batch(tw_flight._batch(encode_message({"v": np.arange(3)}).to_bytes()))
+    raw.up.write_batch(flight_batches.batch_of(encode_message({"v": np.arange(3)}).to_bytes()))
     client, msg = hub.recv(timeout=T)
     assert client == "odd" and np.array_equal(msg["v"], np.arange(3))
     assert len(hub.errors) == 1 and isinstance(hub.errors[0][1], WireError)
@@ -181,17 +185,19 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
 def test_an_uplink_naming_no_session_is_refused_when_it_hangs_up(hub):
     client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
     # The writer is kept: dropping it closes the call, which waits for the hub to end it.
-    _writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, "nobody"))
+    _writer, reader = client.do_exchange(
+        flight.FlightDescriptor.for_path(*flight_options.UP, "nobody")
+    )
     assert _until(lambda: hub._handshakes == 1)  # the hub's end waits for the session
     t = time.monotonic()
     reader.cancel()
     assert _until(lambda: any(e.kind == "refused" for e in hub.events))
-    assert time.monotonic() - t < tw_flight.HANDSHAKE_TIMEOUT / 2  # not the whole window
+    assert time.monotonic() - t < flight_options.HANDSHAKE_TIMEOUT / 2  # not the whole window
     client.close()
 
 
 def test_calls_over_the_handshake_limit_are_refused_at_once(hub, monkeypatch):
-    monkeypatch.setattr(tw_flight, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES", 3)
     client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(hub.url)))
     silent = [_raw_session(hub.url, f"silent{i}", uplink=False) for i in range(3)]
     assert _until(lambda: hub._handshakes == 3)
@@ -216,7 +222,7 @@ def test_unknown_descriptor_is_refused_with_a_clear_error(hub):
 
 
 def test_session_without_uplink_is_refused(hub, monkeypatch):
-    monkeypatch.setattr(tw_flight, "HANDSHAKE_TIMEOUT", 0.2)
+    monkeypatch.setattr(flight_hub, "HANDSHAKE_TIMEOUT", 0.2)
     raw = _raw_session(hub.url, "half", uplink=False)
     with pytest.raises(StopIteration):
         raw.down.read_chunk()  # no welcome: the session never joined
@@ -230,7 +236,7 @@ def test_hub_close_says_bye_to_channels():
     hub.wait_for(1, timeout=T)
     t = time.monotonic()
     hub.close()
-    assert time.monotonic() - t < tw_flight.SHUTDOWN_TIMEOUT
+    assert time.monotonic() - t < flight_options.SHUTDOWN_TIMEOUT
     with pytest.raises(PeerGone, match="closed the session"):
         ch.recv(timeout=T)
     with pytest.raises(PeerGone):
@@ -293,7 +299,7 @@ class _DeafHub(flight.FlightServerBase):
 
     def do_exchange(self, context, descriptor, reader, writer) -> None:
         if descriptor.descriptor_type == flight.DescriptorType.CMD:
-            writer.begin(tw_flight.SCHEMA)
+            writer.begin(flight_options.SCHEMA)
             welcome = encode_message(None, {"decoders": [], "version": 2}, kind="welcome")
             writer.write_metadata(welcome.to_bytes())
         self.release.wait(T)
@@ -407,7 +413,7 @@ def test_a_hub_certificate_that_does_not_verify_is_final(certs, tmp_path):
 
 
 def test_an_uplink_from_another_certificate_does_not_attach(certs, monkeypatch):
-    monkeypatch.setattr(tw_flight, "HANDSHAKE_TIMEOUT", 0.5)
+    monkeypatch.setattr(flight_hub, "HANDSHAKE_TIMEOUT", 0.5)
     tls = tensorwire.TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
     with tensorwire.serve("flight://127.0.0.1:0", tls=tls) as hub:
         location = flight.Location.for_grpc_tls(*host_port(hub.url))
@@ -427,9 +433,11 @@ def test_an_uplink_from_another_certificate_does_not_attach(certs, monkeypatch):
             flight.FlightDescriptor.for_command(session.hello().to_bytes())
         )
         down_writer.done_writing()
-        up, _ = thief.do_exchange(flight.FlightDescriptor.for_path(*tw_flight.UP, session.session))
+        up, _ = thief.do_exchange(
+            flight.FlightDescriptor.for_path(*flight_options.UP, session.session)
+        )
         with contextlib.suppress(pa.ArrowException):
-            up.begin(tw_flight.SCHEMA)
+            up.begin(flight_options.SCHEMA)
         with pytest.raises(StopIteration):
             while True:  # the schema, then the end: no welcome
                 assert down.read_chunk().app_metadata is None

@@ -115,7 +115,7 @@ def enrolment(tmp_path_factory):
 
 def test_mutual_tls_alone_admits_a_certificate_only_under_its_own_name(enrolment, tmp_path):
     """No keys: the certificate is the only check, so this fails if aioquic stops asking
-    for client certificates (the switch quic.py sets) or the chain goes unchecked."""
+    for client certificates (the switch quic/compat.py sets) or the chain goes unchecked."""
     e = enrolment
     hub_tls = tensorwire.TLS(cert=e.hub_cert, key=e.hub_key, ca=e.ca)
 

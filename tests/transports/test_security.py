@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scheme_hooks
 from recording_proxy import RecordingProxy
 
 import tensorwire
@@ -42,8 +43,9 @@ def enrolment(tmp_path_factory) -> Enrolment:
 
 
 def _hub_security(mod, e: Enrolment) -> dict:
-    if hasattr(mod, "hub_security"):
-        return mod.hub_security(e)
+    hook = scheme_hooks.optional(mod, "hub_security")
+    if hook is not None:
+        return hook(e)
     return {
         "tls": tensorwire.TLS(cert=e.hub_cert, key=e.hub_key, ca=e.ca),
         "auth": tensorwire.Keys.load(e.keys),
@@ -52,8 +54,9 @@ def _hub_security(mod, e: Enrolment) -> dict:
 
 def _client_security(mod, e: Enrolment, cid: str, as_id: str | None = None) -> dict:
     """Connect options for ``as_id`` (default ``cid``) holding ``cid``'s credentials."""
-    if hasattr(mod, "client_security"):
-        return mod.client_security(e, cid)
+    hook = scheme_hooks.optional(mod, "client_security")
+    if hook is not None:
+        return hook(e, cid)
     files = e.devices[cid]
     return {
         "tls": tensorwire.TLS(cert=files["cert"], key=files["key"], ca=e.ca),
@@ -64,7 +67,7 @@ def _client_security(mod, e: Enrolment, cid: str, as_id: str | None = None) -> d
 @pytest.fixture
 def secure(scheme_module, request, enrolment):
     """``(hub, connect(cid, **overrides))`` for a secured hub of the scheme under test."""
-    url_of = getattr(scheme_module, "secure_hub_url", None)
+    url_of = scheme_hooks.optional(scheme_module, "secure_hub_url")
     url = url_of(request, enrolment) if url_of else scheme_module.hub_url(request)
     hub = tensorwire.serve(url, codec=None, **_hub_security(scheme_module, enrolment))
     channels: list[tensorwire.Channel] = []
@@ -126,7 +129,7 @@ def test_an_id_takeover_fails_and_leaves_the_real_client_connected(
 
 
 def test_a_replayed_or_altered_message_is_refused(secure, scheme_module, enrolment):
-    replay = getattr(scheme_module, "replay_last", None)
+    replay = scheme_hooks.optional(scheme_module, "replay_last")
     if replay is None:
         pytest.skip(
             "not a shared medium: the transport's own encryption refuses replays and "
@@ -148,7 +151,7 @@ def test_a_replayed_or_altered_message_is_refused(secure, scheme_module, enrolme
 
 
 def test_no_tensor_bytes_travel_in_clear(secure, scheme_module):
-    proxied = getattr(scheme_module, "proxied_url", None)
+    proxied = scheme_hooks.optional(scheme_module, "proxied_url")
     if proxied is None:
         pytest.skip("this scheme does not cross a network")
     hub, connect = secure

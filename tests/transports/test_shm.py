@@ -30,9 +30,10 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports import shm as tw_shm
 from tensorwire.transports.session import ClientSession
-from tensorwire.transports.shm import INLINE_BYTES, BadSegment, _address
+from tensorwire.transports.shm import INLINE_BYTES, BadSegment
+from tensorwire.transports.shm import hub as shm_hub
+from tensorwire.transports.shm.options import address
 from tensorwire.wire import encode_message
 
 T = 20.0  # seconds: generous bound for anything that should take milliseconds
@@ -152,7 +153,7 @@ def test_a_receiver_holding_max_segments_does_not_hold_up_a_broadcast(connect):
 
 def test_a_receiver_that_stops_reading_does_not_hold_up_a_broadcast(hub, connect):
     stuck = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    stuck.connect(_address(hub.url.removeprefix("shm://")))
+    stuck.connect(address(hub.url.removeprefix("shm://")))
     # As a channel would say it: one codec group with "good", so one send round for both.
     hello = ClientSession("stuck", decoders=available_codecs(), max_message_bytes=16 << 30)
     stuck.send(hello.hello().to_bytes())
@@ -190,11 +191,11 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
 
 
 def test_connections_over_the_handshake_limit_are_refused_at_once(hub, monkeypatch):
-    monkeypatch.setattr(tw_shm, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(shm_hub, "MAX_HANDSHAKES", 3)
     silent = []
     for _ in range(3):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.connect(_address(hub.url.removeprefix("shm://")))
+        sock.connect(address(hub.url.removeprefix("shm://")))
         silent.append(sock)
     _until(lambda: len(hub._threads) == 3, "three connections are in their handshake")
     with pytest.raises(TransportTimeout):
@@ -354,7 +355,7 @@ def test_bad_packets_and_segments_are_refused_typed_and_others_served(case, hub,
     packet, fds = _bad(case)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(T)
-    sock.connect(_address(hub.url.removeprefix("shm://")))
+    sock.connect(address(hub.url.removeprefix("shm://")))
     sock.send(_hello("intruder"))
     sock.recv(INLINE_BYTES)
     hub.wait_for(2, timeout=T)
@@ -437,7 +438,7 @@ def test_processes_of_other_users_are_refused(hub):
         """
     )
     hello = _hello("stranger")
-    args = ["-I", "-c", code, _address(hub.url[6:])[1:], hello.hex()]
+    args = ["-I", "-c", code, address(hub.url[6:])[1:], hello.hex()]
     # The child needs no packages: any interpreter user 65534 may run will do.
     for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
         try:

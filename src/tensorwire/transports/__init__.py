@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorwire.transports.base import Channel, Hub, TransferRecord
+from tensorwire.transports.base import (
+    FANOUTS,
+    BroadcastResult,
+    Channel,
+    ChannelOptions,
+    Credentials,
+    Hub,
+    HubOptions,
+    MembershipEvent,
+    Timeouts,
+    TransferRecord,
+)
 from tensorwire.transports.registry import (
     KNOWN_TRANSPORTS,
     BrokerKind,
@@ -33,40 +44,49 @@ def _load(url: str, role: str) -> Any:
     return entry.load("hub" if role == "hub" else "channel")
 
 
-FANOUTS = ("concurrent", "sequential")
-
-
 def serve(url: str, **options: Any) -> Hub:
-    """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``); options go to the transport.
+    """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``); the keywords are the fields of
+    the transport's :class:`HubOptions` (``options=`` one ready-made).
 
     ``tls=tensorwire.TLS(...)`` and ``auth=tensorwire.Keys.load(...)`` (or the URL options
     ``?cert=&certkey=&ca=&keys=``) admit only enrolled clients and encrypt the traffic.
     ``fanout="sequential"`` makes :meth:`Hub.broadcast` reach one client after another.
     """
-    url, security = split_security_options(url, "hub")
-    fanout = options.pop("fanout", "concurrent")
-    if fanout not in FANOUTS:
-        raise ValueError(f"fanout must be one of {FANOUTS}, not {fanout!r}")
-    hub = _load(url, "hub")(url, **security, **options)
-    hub.fanout = fanout
-    return hub
+    cls = _load(url, "hub")
+    if cls.options_type is None:  # until every transport is on the template
+        url, security = split_security_options(url, "hub")
+        return cls(url, **security, **options)
+    url, from_url = Credentials.from_url(url, "hub")
+    return cls(url, cls.options_type.from_kwargs(options, from_url))
 
 
 def connect(url: str, **options: Any) -> Channel:
-    """Open a channel to the hub at ``url``; ``client_id=`` names this client.
+    """Open a channel to the hub at ``url``; the keywords are the fields of the transport's
+    :class:`ChannelOptions` (``client_id=`` names this client; ``options=`` one ready-made).
 
     ``tls=tensorwire.TLS(ca=...)`` and ``key=`` (its enrolled secret), or the URL options
     ``?ca=&cert=&certkey=&secret=``, prove who it is and encrypt the traffic.
     """
-    url, security = split_security_options(url, "channel")
-    return _load(url, "channel")(url, **security, **options)
+    cls = _load(url, "channel")
+    if cls.options_type is None:  # until every transport is on the template
+        url, security = split_security_options(url, "channel")
+        return cls(url, **security, **options)
+    url, from_url = Credentials.from_url(url, "channel")
+    return cls(url, cls.options_type.from_kwargs(options, from_url))
 
 
 __all__ = [
+    "FANOUTS",
     "KNOWN_TRANSPORTS",
+    "BroadcastResult",
     "BrokerKind",
     "Channel",
+    "ChannelOptions",
+    "Credentials",
     "Hub",
+    "HubOptions",
+    "MembershipEvent",
+    "Timeouts",
     "TransferRecord",
     "TransportEntry",
     "connect",

@@ -98,6 +98,9 @@ class TransportEntry:
     that answers there is used and a private one started otherwise. Default:
     ``SCHEME://127.0.0.1:0``."""
     same_host_only: bool = False
+    in_process: bool = False
+    """Its hub and channels share one process (``mem://``): for tests and code under test;
+    never in benchmarks, nor among the transports 'all' means."""
     """Its hub and channels must share a host (shared memory): never run across links."""
     baseline: str | None = None
     """The module in ``tensorwire.bench.baselines`` that uses the library it wraps directly
@@ -253,8 +256,9 @@ def get_transport(key: str) -> TransportEntry:
 
 def listed_transports() -> list[TransportEntry]:
     """The transports 'all' means in benchmarks and the CLI: every registered one but the
-    TLS-only forms of others (:attr:`TransportEntry.tls_form_of`)."""
-    return [e for e in _TRANSPORTS.values() if e.tls_form_of is None]
+    TLS-only forms of others (:attr:`TransportEntry.tls_form_of`) and those of one process
+    (:attr:`TransportEntry.in_process`)."""
+    return [e for e in _TRANSPORTS.values() if e.tls_form_of is None and not e.in_process]
 
 
 def bench_protocols() -> dict[str, TransportEntry]:
@@ -393,6 +397,14 @@ register_transport(
     "flight",
     baseline="arrow_flight",
     baseline_target=0.9,
+)
+register_transport(
+    "mem",
+    f"{_T}.mem.MemHub",
+    f"{_T}.mem.MemChannel",
+    local_url="mem://{tag}",
+    same_host_only=True,
+    in_process=True,
 )
 register_transport(
     "quic",

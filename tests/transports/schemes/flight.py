@@ -44,7 +44,7 @@ def _uplink(client, session: str):
 
     import pyarrow.flight as flight
 
-    from tensorwire.transports.flight import FLIGHT_ERRORS, SCHEMA, UP
+    from tensorwire.transports.flight.options import FLIGHT_ERRORS, SCHEMA, UP
 
     writer, reader = client.do_exchange(flight.FlightDescriptor.for_path(*UP, session))
     with contextlib.suppress(FLIGHT_ERRORS):  # refused at once: writes say so
@@ -103,7 +103,7 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     import numpy as np
     import pyarrow.flight as flight
 
-    from tensorwire.transports.flight import FLIGHT_ERRORS, POLL_S
+    from tensorwire.transports.flight.options import FLIGHT_ERRORS, POLL_S
     from tensorwire.transports.url import host_port
     from tensorwire.wire import encode_message
     from tensorwire.wire.format import MAGIC, PREFIX, VERSION

@@ -19,11 +19,11 @@ def hub_url(request) -> str:
 def _connect(hub_url: str):
     import socket
 
-    from tensorwire.transports.shm import _address
+    from tensorwire.transports.shm.options import address
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(10)
-    sock.connect(_address(hub_url.removeprefix("shm://")))
+    sock.connect(address(hub_url.removeprefix("shm://")))
     return sock
 
 

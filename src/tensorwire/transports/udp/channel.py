@@ -153,13 +153,13 @@ class UdpChannel(Channel):
     ) -> None:
         super().__init__(codec, checksum, limits)
         self.url = url
-        self._host, self._port, self.options = parse_udp_url(url)
+        self._host, self._port, self.settings = parse_udp_url(url)
         self.client_id = client_id or default_client_id()
-        self.mode = self.options.mode or "reliable"
+        self.mode = self.settings.mode or "reliable"
         self._credentials(tls, key)
         self._ssl = None if tls is None else tls.client_context()
         if self._ssl is not None:
-            check_sealed_mtu(self.options.mtu)
+            check_sealed_mtu(self.settings.mtu)
         self.udp_stats = UdpStats()
         self._rxbuf = bytearray(MAX_DATAGRAM)
         self._closed = True
@@ -172,7 +172,7 @@ class UdpChannel(Channel):
         try:
             control.settimeout(None)  # blocking: deadlines are per call, never the socket's
             control.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            udp = connected_udp(self._host, self._port, self.options.buffer)
+            udp = connected_udp(self._host, self._port, self.settings.buffer)
             try:
                 return self._hello(control, udp, deadline)
             except BaseException:
@@ -212,10 +212,10 @@ class UdpChannel(Channel):
         mode = welcome.meta.get("mode")
         if mode not in MODES:
             raise SessionRefused(f"the hub at {self.url} runs an unknown mode {mode!r}")
-        if self.options.mode is not None and self.options.mode != mode:
+        if self.settings.mode is not None and self.settings.mode != mode:
             raise SessionRefused(
                 f"the hub at {self.url} runs mode={mode}, this channel asked for "
-                f"mode={self.options.mode}: use the hub's URL"
+                f"mode={self.settings.mode}: use the hub's URL"
             )
         port = _hub_udp_port(welcome, self._port)
         if port != self._port:  # the control link reaches the hub through a proxy, say
@@ -244,7 +244,7 @@ class UdpChannel(Channel):
         self._link = Link(
             label="hub",
             mode=self.mode,
-            options=self.options,
+            options=self.settings,
             udp=conn.udp,
             address=None,
             reader=conn.reader,

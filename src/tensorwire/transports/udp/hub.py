@@ -121,14 +121,14 @@ class UdpHub(Hub):
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(**options)
-        host, port, self.options = parse_udp_url(url, default_port=0)
-        self.mode = self.options.mode or "reliable"
+        host, port, self.settings = parse_udp_url(url, default_port=0)
+        self.mode = self.settings.mode or "reliable"
         self._ssl = None if self.tls is None else self.tls.server_context()
         if self._ssl is not None:
-            check_sealed_mtu(self.options.mtu)
-        self._udp, self._listener = bind_pair(host, port, self.options.buffer)
+            check_sealed_mtu(self.settings.mtu)
+        self._udp, self._listener = bind_pair(host, port, self.settings.buffer)
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"udp://{shown}:{self._udp.getsockname()[1]}?{self.options.query(self.mode)}"
+        self.url = f"udp://{shown}:{self._udp.getsockname()[1]}?{self.settings.query(self.mode)}"
         self.udp_stats = UdpStats()
         self._control_limits = control_limits(self.limits)
         self._lock = threading.Lock()
@@ -344,7 +344,7 @@ class UdpHub(Hub):
         link = Link(
             label=cid,
             mode=self.mode,
-            options=self.options,
+            options=self.settings,
             udp=self._udp,
             address=address,
             reader=hs.reader,

@@ -1,0 +1,40 @@
+"""Codec negotiation: an endpoint's codec choice kept to what its peer decodes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tensorwire.codecs import AutoCodec, FixedChainSelector
+from tensorwire.wire import CodecSelector
+
+_MAX_DECODER_SETS = 64  # distinct decoder sets whose codec choice an endpoint keeps
+
+
+def _raw_below(selector: Any) -> float:
+    """The size in bytes under which ``selector`` sends every tensor raw (inf: all sizes)."""
+    if type(selector) is FixedChainSelector:
+        return selector.min_size if selector.chain else math.inf
+    if type(selector) is AutoCodec:
+        return selector.min_size
+    return 0
+
+
+class _DecodableCodecs:
+    """An endpoint's codec selector kept to the codecs a peer decodes (a chain with any other
+    goes raw); what a chain achieved goes back to the selector (``auto`` and named codecs
+    watch their streams by it, see ``tensorwire.codecs.streams``)."""
+
+    def __init__(self, selector: CodecSelector, decoders: frozenset[str]) -> None:
+        self.selector = selector
+        self.decoders = decoders
+
+    def __call__(self, name: str, arr: Any) -> list[Any]:
+        chain = list(self.selector(name, arr))
+        ids = (getattr(c, "codec_id", None) or c.get_config()["id"] for c in chain)
+        return chain if all(i in self.decoders for i in ids) else []
+
+    def observe(self, name: str, arr: Any, chain: list[Any], encoded_nbytes: int) -> None:
+        observe = getattr(self.selector, "observe", None)
+        if observe is not None:
+            observe(name, arr, chain, encoded_nbytes)

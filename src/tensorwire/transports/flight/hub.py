@@ -1,0 +1,400 @@
+"""The flight:// hub: a Flight server whose sessions are each two ``DoExchange`` calls; a
+downlink thread per session writes its queued jobs, an uplink thread reads and delivers."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+import pyarrow.flight as flight
+
+from tensorwire.codecs import get_codec
+from tensorwire.errors import (
+    AuthenticationError,
+    PeerGone,
+    SessionRefused,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
+from tensorwire.transports.base import Hub, HubOptions, deadline_after, remaining
+from tensorwire.transports.flight.batches import batch_of, control_message, feed, pieces
+from tensorwire.transports.flight.options import (
+    FLIGHT_ERRORS,
+    HANDSHAKE_TIMEOUT,
+    MAX_HANDSHAKES,
+    POLL_S,
+    SCHEMA,
+    SHUTDOWN_TIMEOUT,
+    FlightHubOptions,
+    location,
+)
+from tensorwire.transports.flight.peer import Job, Peer
+from tensorwire.transports.flight.server import FlightServer, caller
+from tensorwire.transports.flight.tls import certificate_name, server_tls
+from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession
+from tensorwire.transports.url import host_port, query_options
+from tensorwire.wire import EncodedMessage, Message, MessageStream
+
+log = logging.getLogger("tensorwire.transports.flight")
+
+
+class FlightHub(Hub):
+    """Hub serving Flight on ``flight://host:port`` (port 0 picks a free one; see :attr:`url`),
+    with :class:`FlightHubOptions`. With ``tls=`` it serves gRPC over TLS only (mutual when
+    ``tls.ca`` is set), never plaintext.
+    """
+
+    protocol = "flight"
+    options_type: ClassVar[type[HubOptions]] = FlightHubOptions
+    options: FlightHubOptions
+
+    def __init__(self, url: str, options: FlightHubOptions) -> None:
+        super().__init__(url, options)
+        query_options(url, ())
+        host, port = host_port(url, default_port=0)
+        tls = {} if self.tls is None else server_tls(self.tls)
+        self._batch_bytes = options.batch_bytes
+        self._peers: dict[str, Peer] = {}  # members, by client id
+        self._pending: dict[str, Peer] = {}  # sessions waiting for their uplink, by id
+        self._handshakes = 0  # calls waiting for their session's other call
+        # ids of the latest refused hellos: their uplinks, ending, are the same refusal
+        self._refused_ids: collections.deque[str] = collections.deque(maxlen=MAX_HANDSHAKES)
+        self._sessions = threading.Condition()  # guards the above and _closing
+        self._closing = False
+        self._server = FlightServer(self, location(host, port, self.tls), **tls)
+        self.url = f"flight://{host}:{self._server.port}"
+
+    # -- a session's two calls, each in a Flight server thread -----------------------------
+
+    def _serve_downlink(
+        self,
+        context: flight.ServerCallContext,
+        command: bytes,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        """Take the hello, wait for the uplink, then write the client's messages."""
+        who = caller(context)
+        with self._handshake(who) as admitted:
+            peer = self._open_session(who, context, command, writer) if admitted else None
+            if peer is None:
+                return
+            with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
+                writer.begin(SCHEMA)
+            if not self._await_uplink(who, context, peer):
+                return
+        self._write_loop(peer, writer)
+
+    @contextlib.contextmanager
+    def _handshake(self, who: str) -> Iterator[bool]:
+        """Count a call as handshaking while in the block; yields False (refused) when
+        :data:`MAX_HANDSHAKES` already are: a flood of calls must not cost a thread each."""
+        with self._sessions:
+            admitted = self._handshakes < MAX_HANDSHAKES
+            self._handshakes += admitted
+        if not admitted:
+            self._refused(who, TransportError(f"over {MAX_HANDSHAKES} sessions opening at once"))
+        try:
+            yield admitted
+        finally:
+            with self._sessions:
+                self._handshakes -= admitted
+
+    def _open_session(
+        self,
+        who: str,
+        context: flight.ServerCallContext,
+        command: bytes,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> Peer | None:
+        """Check the hello (read under HELLO_LIMITS, with the caller's certificate name) and
+        register the session as waiting for its uplink; a refused one is answered ``refuse``
+        and gives None."""
+        tls_name = certificate_name(context)
+        session = HubSession(**self._session_options(), tls_name=tls_name)
+        msg = None
+        try:
+            if tls_name is None and self.tls is not None and self.tls.mutual:
+                # gRPC verified a certificate with no name: nothing to hold the hello's id to
+                raise AuthenticationError("the client certificate names no one (no CN or SAN)")
+            msg = control_message(command, HELLO_LIMITS)
+            session.receive(msg)
+            hello = session.hello
+            assert hello is not None
+            with self._sessions:
+                if self._closing:
+                    return None
+                if hello.session in self._pending:
+                    raise SessionRefused(f"session id {hello.session!r} is already opening")
+                peer = Peer(hello, session, tls_name)
+                self._pending[hello.session] = peer
+                self._sessions.notify_all()
+            return peer
+        except SessionRefused as exc:
+            sid = None if msg is None else msg.meta.get("session")
+            if isinstance(sid, str):  # before the answer: the client hangs up its uplink after
+                with self._sessions:
+                    self._refused_ids.append(sid)
+            with contextlib.suppress(*FLIGHT_ERRORS):  # it hung up already
+                writer.begin(SCHEMA)
+                writer.write_metadata(session.refusal(exc).to_bytes())
+            self._refused(who, exc)
+        except WireError as exc:
+            self._refused(who, exc)
+        return None
+
+    def _wait(
+        self, context: flight.ServerCallContext, ready: Callable[[], bool], timeout: float
+    ) -> bool:
+        """With ``_sessions`` held, wait up to ``timeout`` seconds for ``ready()``; give up
+        early when the hub closes or the call is cancelled."""
+        deadline = deadline_after(timeout)
+        while not ready():
+            left = remaining(deadline)
+            if not left or self._closing or context.is_cancelled():
+                return False
+            self._sessions.wait(min(left, POLL_S))
+        return True
+
+    def _await_uplink(self, who: str, context: flight.ServerCallContext, peer: Peer) -> bool:
+        with self._sessions:
+            if self._wait(context, lambda: peer.attached, HANDSHAKE_TIMEOUT):
+                return True
+            if self._pending.get(peer.hello.session) is peer:
+                del self._pending[peer.hello.session]  # under the lock an uplink attaches with
+            closing = self._closing
+        if not closing:
+            how = "hung up" if context.is_cancelled() else "opened no uplink in time"
+            self._refused(who, TransportError(f"{peer.client_id!r} {how}"))
+        return False
+
+    def _serve_uplink(
+        self,
+        context: flight.ServerCallContext,
+        session: str,
+        reader: flight.MetadataRecordBatchReader,
+    ) -> None:
+        """Attach to the session's downlink, join its client, then deliver its messages."""
+        who = caller(context)
+        tls_name = certificate_name(context)
+        peer = None
+
+        def opening() -> bool:
+            # under TLS, only the certificate that opened the downlink may open its uplink
+            waiting = self._pending.get(session)
+            return waiting is not None and waiting.tls_name == tls_name
+
+        with self._handshake(who) as admitted, self._sessions:
+            if admitted and self._wait(context, opening, HANDSHAKE_TIMEOUT):
+                peer = self._pending.pop(session)
+                peer.attached = True
+                self._sessions.notify_all()
+        if peer is None:
+            with self._sessions:
+                answered = session in self._refused_ids  # its hello's refusal was reported
+            if admitted and not self._closing and not answered:
+                self._refused(who, TransportError(f"uplink for no opening session {session!r}"))
+            return
+        if self._admit(peer):
+            self._end(peer, self._read_loop(peer, context, reader))
+
+    def _admit(self, peer: Peer) -> bool:
+        """Make ``peer`` the member for its client id (ending an older session), with its
+        welcome first on its downlink; False if the hub is closing."""
+        cid = peer.client_id
+        try:
+            peer.submit(Job(control=peer.session.welcome().to_bytes()))
+        except PeerGone:  # its downlink broke already
+            return False
+        with self._sessions:
+            closing = self._closing
+            if not closing:
+                old = self._peers.get(cid)
+                self._peers[cid] = peer
+        if closing:
+            peer.stop("the hub is closing")
+            return False
+        if old is not None:
+            log.info("flight: client %r reconnected; ending its old session", cid)
+            old.stop("replaced by a new session")
+        self._joined(
+            cid, peer.hello.decoders, session=peer, max_message_bytes=peer.hello.max_message_bytes
+        )
+        if peer.gone is not None:  # it ended while joining: its leave may have found no member
+            self._end(peer, peer.gone)
+            self._left(cid, peer.gone, session=peer)
+        return True
+
+    def _write_loop(self, peer: Peer, writer: flight.MetadataRecordBatchWriter) -> None:
+        """Write the peer's jobs until it is stopped; a failed write ends its session."""
+        while (job := peer.jobs.get()) is not None:
+            try:
+                if job.control is not None:
+                    writer.write_metadata(job.control)
+                elif peer.gone is not None or job.abandoned:
+                    job.error = PeerGone(f"client {peer.client_id!r} is gone: {peer.gone}")
+                else:
+                    assert job.enc is not None
+                    for piece in pieces(job.enc, self._batch_bytes):
+                        if job.abandoned:
+                            break
+                        writer.write_batch(batch_of(piece))
+            except FLIGHT_ERRORS as exc:
+                job.error = PeerGone(f"downlink to client {peer.client_id!r} broke: {exc}")
+                self._end(peer, f"downlink broke: {exc}")
+            except Exception as exc:  # handed to the sender, which raises it
+                job.error = exc
+            finally:
+                job.finished_at = time.perf_counter()
+                job.done.set()
+
+    def _read_loop(
+        self,
+        peer: Peer,
+        context: flight.ServerCallContext,
+        reader: flight.MetadataRecordBatchReader,
+    ) -> str:
+        """Deliver the peer's messages until it leaves; return why it left."""
+        stream = MessageStream(limits=self.limits, codec_lookup=get_codec)
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return "its connection broke" if context.is_cancelled() else "ended its stream"
+            except FLIGHT_ERRORS as exc:
+                return f"stream broke: {exc}"
+            if chunk.data is not None:
+                try:
+                    whole = feed(stream, chunk.data)
+                except WireError as exc:  # the framing is lost: nothing after it is safe
+                    self._deliver(peer, stream)
+                    self._rejected(peer.client_id, exc)
+                    return f"sent bytes that are not a tensorwire message ({exc})"
+                if whole is not None and (reason := self._act(peer, whole)):
+                    return reason
+                if reason := self._deliver(peer, stream):
+                    return reason
+            if chunk.app_metadata is not None:
+                try:
+                    msg = control_message(chunk.app_metadata, self.limits)
+                except WireError as exc:
+                    self._rejected(peer.client_id, exc)
+                    continue
+                if msg.kind == "data":
+                    self._rejected(peer.client_id, WireError("data in app_metadata, not a batch"))
+                    continue
+                if reason := self._act(peer, msg):
+                    return reason
+
+    def _deliver(self, peer: Peer, stream: MessageStream) -> str | None:
+        """Act on the messages ``stream`` has completed, reporting the bad ones; return why
+        the session ended, if one of them ended it."""
+        while True:
+            try:
+                msg = stream.next_event()
+            except WireError as exc:  # one bad message, skipped; the stream goes on
+                self._rejected(peer.client_id, exc)
+                continue
+            if not isinstance(msg, Message):  # NEED_DATA: no whole message buffered yet
+                return None
+            if reason := self._act(peer, msg):
+                return reason
+
+    def _act(self, peer: Peer, msg: Message) -> str | None:
+        event = peer.session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(peer.client_id, msg)
+        elif isinstance(event, Closed):
+            return event.reason
+        else:
+            log.debug("flight: %r: %s", peer.client_id, event)
+        return None
+
+    def _end(self, peer: Peer, reason: str) -> None:
+        """End a session (idempotent): it leaves, and its downlink says bye and ends."""
+        with self._sessions:
+            current = self._peers.get(peer.client_id) is peer
+            if current:
+                del self._peers[peer.client_id]
+        peer.stop(reason)
+        if current:
+            self._left(peer.client_id, reason, session=peer)
+
+    # -- Hub interface ---------------------------------------------------------------------
+
+    def _submit(self, client_id: str, enc: EncodedMessage) -> tuple[Peer, Job]:
+        with self._sessions:
+            peer = self._peers.get(client_id)
+        if peer is None:
+            raise PeerGone(f"client {client_id!r} is not connected")
+        job = Job(enc=enc)
+        peer.submit(job)
+        return peer, job
+
+    def _finish(self, peer: Peer, job: Job, deadline: float | None) -> None:
+        """Wait for a submitted send; past the deadline, drop its client and raise."""
+        if not job.done.wait(remaining(deadline)):
+            job.abandoned = True  # its stream may now hold half a message: end the session
+            self._end(peer, "a send to it timed out")
+            raise TransportTimeout(
+                f"sending to {peer.client_id!r} did not finish in time; the client was dropped"
+            )
+        if job.error is not None:
+            raise job.error
+
+    def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
+        self._finish(*self._submit(client_id, enc), deadline)
+
+    def _start_send(
+        self, client_id: str, enc: EncodedMessage, deadline: float | None
+    ) -> Callable[[], None]:
+        """Queue a stream's message for the client's downlink thread and return at once (the
+        call returned waits for its write): the stream's next message is encoded meanwhile."""
+        peer, job = self._submit(client_id, enc)
+        return lambda: self._finish(peer, job, deadline)
+
+    def _send_many(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """Queue ``enc`` for every client at once: each downlink thread writes its own copy."""
+        started = time.perf_counter()
+        results: dict[str, float | Exception] = {}
+        submitted = []
+        for c in clients:
+            try:
+                submitted.append((c, *self._submit(c, enc)))
+            except PeerGone as exc:
+                results[c] = exc
+        for c, peer, job in submitted:
+            try:
+                self._finish(peer, job, deadline)
+            except Exception as exc:  # reported per client by broadcast()
+                results[c] = exc
+            else:
+                results[c] = job.finished_at - started
+        return results
+
+    def _close_transport(self) -> None:
+        with self._sessions:
+            self._closing = True
+            self._sessions.notify_all()
+            peers = list(self._peers.values())
+        for peer in peers:  # clients hang up on the bye, which ends their sessions' calls
+            peer.stop("the hub is closing")
+        stopper = threading.Thread(
+            target=self._server.shutdown, name="tensorwire-flight-shutdown", daemon=True
+        )
+        stopper.start()
+        stopper.join(SHUTDOWN_TIMEOUT)
+        if stopper.is_alive():
+            log.warning(
+                "flight: sessions of %s did not end within %s s; the server stops when they do",
+                self.clients,
+                SHUTDOWN_TIMEOUT,
+                FlightHubOptions,
+            )

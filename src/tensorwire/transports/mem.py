@@ -1,0 +1,237 @@
+"""``mem://NAME``: a hub and its channels in one process (threads), over in-memory queues.
+
+For what sits above the transports (fl, bench, user code under test) where sockets are not the
+point. Every message is encoded and decoded as on a wire and every session is the same
+(hello, welcome, per-device keys checked); nothing leaves the process, so nothing is encrypted
+(TLS settings are accepted and unused, as on shm://). A channel's message is taken by the hub
+on the sending thread; the hub's messages wait in a bounded queue per channel, so a channel
+that stops reading holds up only sends to itself, each until its deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
+from tensorwire.transports.base import (
+    BYE_TIMEOUT,
+    Channel,
+    ChannelOptions,
+    Hub,
+    HubOptions,
+    deadline_after,
+    remaining,
+)
+from tensorwire.transports.session import (
+    HELLO_LIMITS,
+    Closed,
+    Data,
+    HubSession,
+    Joined,
+    Welcomed,
+    bye,
+)
+from tensorwire.transports.url import query_options
+from tensorwire.wire import EncodedMessage, Message, decode_message
+
+QUEUE_MESSAGES = 256  # messages the hub may have waiting for one channel
+
+_hubs: dict[str, MemHub] = {}  # the hubs of this process, by name
+_hubs_lock = threading.Lock()
+
+
+def _name(url: str) -> str:
+    query_options(url, ())
+    name = urlsplit(url).netloc
+    if not name:
+        raise TransportError(f"{url!r} names no hub: write it as mem://NAME")
+    return name
+
+
+class _Queue:
+    """The hub's messages to one channel, encoded; closing wakes a waiting reader."""
+
+    def __init__(self) -> None:
+        self._items: deque[bytes] = deque()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def put(self, data: bytes, deadline: float | None) -> None:
+        with self._cond:
+            while len(self._items) >= QUEUE_MESSAGES and not self.closed:
+                if remaining(deadline) == 0.0:
+                    raise TransportTimeout("the channel did not read its messages in time")
+                self._cond.wait(remaining(deadline))
+            if self.closed:
+                raise PeerGone("the channel is gone")
+            self._items.append(data)
+            self._cond.notify_all()
+
+    def get(self, deadline: float | None) -> bytes:
+        with self._cond:
+            while not self._items:
+                if self.closed:
+                    raise PeerGone("the hub closed the connection")
+                if remaining(deadline) == 0.0:
+                    raise TransportTimeout("no message from the hub in time")
+                self._cond.wait(remaining(deadline))
+            data = self._items.popleft()
+            self._cond.notify_all()
+            return data
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class _Connection:
+    """One channel's session with the hub."""
+
+    def __init__(self, hub: MemHub) -> None:
+        self.hub = hub
+        self.session = HubSession(**hub._session_options())
+        self.to_channel = _Queue()
+        self.name = f"mem-connection-{id(self):x}"
+
+    def hang_up(self, reason: str) -> None:
+        self.to_channel.close()
+        if self.session.client_id is not None:
+            self.hub._left(self.session.client_id, reason, session=self)
+
+
+class MemHub(Hub):
+    """A hub that channels of this process reach by its name."""
+
+    protocol = "mem"
+    options_type: ClassVar[type[HubOptions]] = HubOptions
+    sees_client_certificates = False
+
+    def __init__(self, url: str, options: HubOptions) -> None:
+        super().__init__(url, options)
+        self._name = _name(url)
+        with _hubs_lock:
+            if self._name in _hubs:
+                raise TransportError(f"a hub already serves {url} in this process")
+            _hubs[self._name] = self
+
+    def _accept(self) -> _Connection:
+        if self._closed:
+            raise PeerGone(f"the hub at {self.url} is closed")
+        return _Connection(self)
+
+    def _take(self, conn: _Connection, data: bytes) -> None:
+        """What a channel sent, on its own thread: the hello, data, or its goodbye."""
+        started = time.perf_counter()
+        opening = conn.session.client_id is None
+        try:
+            if opening:
+                msg = decode_message(data, limits=HELLO_LIMITS, copy=True)
+                event = conn.session.receive(msg)
+            else:
+                msg = self._decode_whole(data, started)
+                event = conn.session.receive(msg)
+        except SessionRefused as exc:
+            self._refused(conn.name, exc)
+            conn.to_channel.put(HubSession.refusal(exc).to_bytes(), None)
+            conn.to_channel.close()
+            return
+        except WireError as exc:
+            if opening:
+                self._refused(conn.name, exc)
+                conn.to_channel.close()
+            else:
+                self._rejected(conn.session.client_id or conn.name, exc)
+            return
+        if isinstance(event, Joined):
+            conn.to_channel.put(conn.session.welcome().to_bytes(), None)
+            self._joined(event.client_id, event.hello.decoders, conn, event.hello.max_message_bytes)
+        elif isinstance(event, Data):
+            self._delivered(conn.session.client_id or conn.name, msg)
+        elif isinstance(event, Closed):
+            conn.hang_up(event.reason)
+
+    def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
+        member = self._members.get(client_id)
+        if member is None or not isinstance(member.session, _Connection):
+            raise PeerGone(self._not_connected(client_id))
+        member.session.to_channel.put(enc.to_bytes(), deadline)
+
+    def _close_transport(self) -> None:
+        with _hubs_lock:
+            if _hubs.get(self._name) is self:
+                del _hubs[self._name]
+        with self._cond:
+            connections = [m.session for m in self._members.values()]
+        for conn in connections:
+            if isinstance(conn, _Connection):
+                with contextlib.suppress(OSError):
+                    conn.to_channel.put(bye().to_bytes(), deadline_after(BYE_TIMEOUT))
+                conn.to_channel.close()
+
+
+class MemChannel(Channel):
+    """A channel to the hub of this process named in its URL."""
+
+    protocol = "mem"
+    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
+
+    def __init__(self, url: str, options: ChannelOptions) -> None:
+        super().__init__(url, options)
+        self._name = _name(url)
+        self.reconnect()
+
+    def _open(self, deadline: float | None) -> Welcomed:
+        with _hubs_lock:
+            hub = _hubs.get(self._name)
+        if hub is None:
+            raise PeerGone(f"no hub serves {self.url} in this process (yet)")
+        conn = hub._accept()
+        session = self._client_session(f"the hub at {self.url}")
+        hub._take(conn, session.hello().to_bytes())
+        while True:
+            try:
+                event = session.receive(decode_message(conn.to_channel.get(deadline), copy=True))
+            except BaseException:
+                conn.hang_up("its hello went unanswered")
+                raise
+            if isinstance(event, Welcomed):
+                break
+        self._conn, self._session = conn, session
+        # a channel dropped without close() leaves as a killed process's connection would
+        self._finalizer = weakref.finalize(self, conn.hang_up, "its channel is gone")
+        return event
+
+    def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
+        if self._closed:
+            raise PeerGone("channel is closed; call reconnect()")
+        if self._conn.to_channel.closed:
+            raise PeerGone(f"the hub at {self.url} is gone; call reconnect()")
+        self._conn.hub._take(self._conn, enc.to_bytes())
+
+    def _recv_message(self, deadline: float | None, out: Any) -> Message:
+        if self._closed:
+            raise PeerGone("channel is closed; call reconnect()")
+        while True:
+            data = self._conn.to_channel.get(deadline)
+            try:
+                msg = self._decode_whole(data, time.perf_counter(), out)
+            except WireError as exc:
+                self._rejected(exc)
+                continue
+            event = self._session.receive(msg)
+            if isinstance(event, Data):
+                return msg
+            if isinstance(event, Closed):
+                self._drop()
+                raise self._session.closed_error()
+
+    def _drop(self) -> None:
+        self._finalizer()
+        self._closed = True

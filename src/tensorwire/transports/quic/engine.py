@@ -1,0 +1,257 @@
+"""The I/O thread of a quic:// endpoint: one UDP socket and the QUIC connections on it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aioquic.buffer import Buffer
+from aioquic.quic import events
+from aioquic.quic.packet import QuicPacketType, pull_quic_header
+
+from tensorwire.errors import TransportTimeout
+from tensorwire.transports.base import _log_limited, remaining
+from tensorwire.transports.quic.compat import host_connection_ids, peer_close, terminated
+from tensorwire.transports.quic.connection import APP_REFUSED, Connection
+from tensorwire.transports.quic.messages import SendJob
+from tensorwire.wire import EncodedMessage
+
+log = logging.getLogger("tensorwire.transports.quic")
+
+RECV_BATCH = 256  # datagrams read per wake-up before sending what they call for
+SOCKET_BUFFER = 8 << 20  # bytes of kernel socket buffer asked for, each direction
+TICK_EVERY = 0.25  # seconds: the longest the loop sleeps while a tick is set
+
+Accept = Callable[[Any, Any, float], "Connection | None"]
+"""``accept(header, addr, now)``: a hub's new connection for a client's Initial, or None."""
+
+
+class Engine:
+    """A UDP socket and the thread that runs its QUIC connections (all aioquic calls happen
+    on it). A hub's engine accepts new connections (``accept``); a channel's has one."""
+
+    def __init__(self, sock: socket.socket, name: str, accept: Accept | None = None) -> None:
+        self.sock = sock
+        self.name = name
+        self.accept = accept
+        self.connections: dict[bytes, Connection] = {}  # by every connection id of ours
+        self.tick: Callable[[float], None] | None = None  # per-turn housekeeping
+        self._calls: deque[Callable[[], None]] = deque()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        for s in (self._wake_r, self._wake_w, sock):
+            s.setblocking(False)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._selector.register(sock, selectors.EVENT_READ, "sock")
+        self._stopping = False
+        self.refused = False  # the kernel said nobody listens at the peer's port
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def in_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread (now, if this is it)."""
+        if self.in_loop:
+            fn()
+            return
+        self._calls.append(fn)
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"\0")
+
+    def add(self, connection: Connection) -> None:
+        for cid in host_connection_ids(connection.conn):
+            self.connections[cid] = connection
+
+    def remove(self, connection: Connection) -> None:
+        for cid, other in list(self.connections.items()):
+            if other is connection:
+                del self.connections[cid]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        if self._thread.is_alive() and not self.in_loop:
+            self._thread.join(timeout)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                try:
+                    self._turn()
+                except Exception as exc:  # never let one failure stop every peer's I/O
+                    _log_limited(f"quic {self.name}", f"quic: {self.name}: {exc!r}")
+                    log.debug("quic: %s failed", self.name, exc_info=True)
+                    time.sleep(0.05)
+        finally:
+            for _ in range(len(self._calls)):  # last words: a CONNECTION_CLOSE, say
+                with contextlib.suppress(Exception):
+                    self._calls.popleft()()
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self.sock.close()
+
+    def _turn(self) -> None:
+        while self._calls:
+            self._calls.popleft()()
+        now = time.monotonic()
+        for connection in set(self.connections.values()):
+            timer = connection.conn.get_timer()
+            if timer is not None and timer <= now:
+                connection.conn.handle_timer(now)
+            self._events(connection)
+        if self.tick is not None:
+            self.tick(now)
+        self.transmit(set(self.connections.values()), now)
+        wait = self._next_wake(now)  # epoll rounds it up to whole milliseconds
+        for key, _ in self._selector.select(wait):
+            if key.data == "wake":
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_r.recv(4096)
+            else:
+                self._receive()
+
+    def _next_wake(self, now: float) -> float | None:
+        timers = [t for c in self.connections.values() if (t := c.conn.get_timer()) is not None]
+        wait = max(min(timers) - now, 0.0) if timers else None
+        if self.tick is not None:
+            wait = TICK_EVERY if wait is None else min(wait, TICK_EVERY)
+        return wait
+
+    def _receive(self) -> None:
+        now = time.monotonic()
+        touched: set[Connection] = set()
+        for _ in range(RECV_BATCH):
+            try:
+                data, addr = self.sock.recvfrom(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionRefusedError:  # ICMP: nobody listens at the peer's port
+                self.refused = True
+                continue
+            except OSError:
+                break
+            connection = self._route(data, addr, now)
+            if connection is None:
+                continue
+            connection.conn.receive_datagram(data, addr, now=now)
+            touched.add(connection)
+        for connection in touched:
+            self._events(connection)
+        self.transmit(touched, now)
+
+    def _route(self, data: bytes, addr: Any, now: float) -> Connection | None:
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+        except ValueError:
+            return None  # not QUIC: dropped, as QUIC requires
+        connection = self.connections.get(header.destination_cid)
+        new = header.packet_type == QuicPacketType.INITIAL and len(data) >= 1200
+        if connection is None and self.accept is not None and new:
+            connection = self.accept(header, addr, now)
+            if connection is not None:
+                self.connections[header.destination_cid] = connection
+                self.add(connection)
+        return connection
+
+    def _events(self, connection: Connection) -> None:
+        conn = connection.conn
+        for _ in range(100_000):
+            event = conn.next_event()
+            if event is None:
+                break
+            if isinstance(event, events.ConnectionIdIssued):
+                self.connections[event.connection_id] = connection
+            elif isinstance(event, events.ConnectionIdRetired):
+                self.connections.pop(event.connection_id, None)
+            connection.handle(event)
+        close = peer_close(conn)
+        if close is not None and not connection.closed.is_set():
+            connection.handle(close)
+        connection.pump()
+
+    def transmit(self, connections: Iterable[Connection], now: float) -> None:
+        """Send what ``connections`` have to send now (on the I/O thread)."""
+        for connection in connections:
+            try:
+                datagrams = connection.conn.datagrams_to_send(now=now)
+            except Exception as exc:  # a bug for one connection: close it, serve the rest
+                log.debug("quic: %s: cannot build packets", self.name, exc_info=True)
+                connection.close(APP_REFUSED, f"internal error: {exc!r}")
+                continue
+            for data, addr in datagrams:
+                try:
+                    self.sock.sendto(data, addr)
+                except (BlockingIOError, InterruptedError):
+                    break  # the socket buffer is full: as if lost; QUIC recovers
+                except ConnectionRefusedError:
+                    self.refused = True
+                except OSError as exc:
+                    _log_limited(f"quic send {self.name}", f"quic: {self.name}: send: {exc}")
+            if connection.closed.is_set() and terminated(connection.conn):
+                self.remove(connection)
+
+    # -- called from other threads -------------------------------------------------------
+
+    def run_send(self, connection: Connection, enc: EncodedMessage, deadline: float | None) -> None:
+        """Send one message on ``connection`` by ``deadline``: TransportTimeout (the stream is
+        reset, the connection stays) or PeerGone."""
+        job = SendJob.of(enc)
+        if self.in_loop:  # a callback of ours sends: queue it, never wait on ourselves
+            connection.submit(job)
+            if job.error is not None:
+                raise job.error
+            return
+        self.call(lambda: connection.submit(job))
+        if not job.done.wait(remaining(deadline)):
+            self.call(lambda: connection.cancel(job))
+            raise TransportTimeout(f"send of {job.nbytes} bytes timed out")
+        if job.error is not None:
+            raise job.error
+
+    def flush(self, connections: list[Connection], timeout: float) -> None:
+        """Wait until what was sent on ``connections`` is acknowledged, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stopping:
+            if all(c.flushed for c in connections):
+                return
+            time.sleep(0.005)
+
+    def close_now(
+        self,
+        connections: Callable[[], Iterable[Connection]],
+        code: int,
+        reason: str,
+        timeout: float,
+    ) -> None:
+        """Close the ``connections()`` of the moment on the I/O thread, send their
+        CONNECTION_CLOSE, then stop the thread (waiting ``timeout`` seconds at most for the
+        close)."""
+        done = threading.Event()
+
+        def close() -> None:
+            closing = list(connections())
+            for connection in closing:
+                connection.close(code, reason)
+            self.transmit(closing, time.monotonic())
+            done.set()
+
+        self.call(close)
+        done.wait(timeout)
+        self.stop()

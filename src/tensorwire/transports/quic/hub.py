@@ -1,0 +1,228 @@
+"""The hub of ``quic://host:port``: one UDP socket and one I/O thread for all its clients.
+
+Each client's first stream carries its ``hello``; the hub answers ``welcome`` (or
+``refuse``) on its own first stream, then messages flow one per stream each way.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import threading
+import time
+from typing import Any, ClassVar
+
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, _log_limited
+from tensorwire.transports.quic.compat import (
+    CertificateRequestingConnection,
+    TunedQuicConnection,
+)
+from tensorwire.transports.quic.connection import (
+    APP_CLOSED,
+    APP_REFUSED,
+    APP_REPLACED,
+    Arrival,
+    Connection,
+)
+from tensorwire.transports.quic.engine import Engine
+from tensorwire.transports.quic.messages import SendJob, decode_stream
+from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
+from tensorwire.transports.quic.tls import hub_configuration, verify_client
+from tensorwire.transports.session import (
+    HELLO_LIMITS,
+    Closed,
+    Data,
+    HubSession,
+    Joined,
+    bye,
+)
+from tensorwire.transports.url import host_port
+from tensorwire.wire import EncodedMessage, Message
+
+log = logging.getLogger("tensorwire.transports.quic")
+
+MAX_HANDSHAKES = 64
+"""Connections at once that have not said hello; more are ignored until some have."""
+
+
+class QuicHub(Hub):
+    """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
+
+    protocol = "quic"
+    options_type: ClassVar[type[HubOptions] | None] = HubOptions
+
+    def __init__(self, url: str, options: HubOptions) -> None:
+        super().__init__(url, options)
+        settings = parse_quic_url(url)
+        host, port = host_port(url, default_port=0)
+        self._config = hub_configuration(settings, self.tls)
+        self._mutual = self.tls is not None and self.tls.mutual
+        self._ping_every = settings.ping_every
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock.bind((host, port))
+        query = "" if "?" not in url else "?" + url.split("?", 1)[1]
+        self.url = f"quic://{host}:{sock.getsockname()[1]}{query}"
+        self._peers: dict[str, Connection] = {}
+        self._sessions: dict[Connection, HubSession] = {}
+        self._lock = threading.Lock()
+        self._engine = Engine(sock, f"tensorwire-quic-hub-{sock.getsockname()[1]}", self._accept)
+        self._engine.tick = self._tick
+
+    # -- on the I/O thread ---------------------------------------------------------------
+
+    def _accept(self, header: Any, addr: Any, now: float) -> Connection | None:
+        waiting = sum(1 for s in self._sessions.values() if s.client_id is None)
+        if waiting >= MAX_HANDSHAKES:
+            _log_limited("quic handshakes", "quic: too many connections without a hello")
+            return None
+        cls = CertificateRequestingConnection if self._mutual else TunedQuicConnection
+        conn = cls(
+            configuration=self._config, original_destination_connection_id=header.destination_cid
+        )
+        connection = Connection(
+            conn, addr, client_side=False, limits=HELLO_LIMITS, deliver=self._deliver
+        )
+        self._sessions[connection] = HubSession(**self._session_options())
+        return connection
+
+    def _tick(self, now: float) -> None:
+        """Housekeeping: connections that never said hello, keep-alives, connections that
+        ended."""
+        for connection in list(self._sessions):
+            session = self._sessions[connection]
+            if connection.closed.is_set():
+                self._ended(connection, session)
+            elif connection.close_later is not None:
+                code, reason, until = connection.close_later
+                if connection.flushed or now > until:
+                    connection.close(code, reason)
+            elif session.client_id is None and now - connection.created > HANDSHAKE_TIMEOUT:
+                self._refused(connection.who, TransportError("no hello in time"))
+                connection.close(APP_REFUSED, "no hello in time")
+            else:
+                connection.ping_if_quiet(now, self._ping_every)
+
+    def _ended(self, connection: Connection, session: HubSession) -> None:
+        del self._sessions[connection]
+        cid = session.client_id
+        if cid is None:
+            return
+        connection.log_stats(f"connection of {cid!r} ended")
+        with self._lock:
+            current = self._peers.get(cid) is connection
+            if current:
+                del self._peers[cid]
+        if current:
+            self._left(cid, connection.close_reason or "connection lost", session=connection)
+
+    def _check_certificate(self, connection: Connection) -> str | None:
+        """The verified common name of the client's certificate (mutual TLS), else None;
+        AuthenticationError for a certificate the hub's CA did not sign."""
+        if not self._mutual:
+            return None
+        assert self.tls is not None and self.tls.ca is not None
+        return verify_client(connection.conn, str(self.tls.ca))
+
+    def _deliver(self, connection: Connection, item: Arrival) -> None:
+        session = self._sessions.get(connection)
+        if session is None or connection.closed.is_set():
+            return
+        cid = session.client_id
+        if item is None:
+            if cid is None:
+                self._refused(connection.who, TransportError("the hello was withdrawn"))
+                connection.close(APP_REFUSED, "the hello was withdrawn")
+            return
+        try:
+            if isinstance(item, WireError):
+                raise item
+            msg = decode_stream(item, connection.limits)
+        except WireError as exc:
+            if cid is None:
+                self._refused(connection.who, exc)
+                connection.close(APP_REFUSED, "the first message was not a hello")
+            else:
+                self._rejected(cid, exc)
+            return
+        if cid is None:
+            self._hello(connection, session, msg)
+            return
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(cid, msg)
+        elif isinstance(event, Closed):
+            connection.close(APP_CLOSED, event.reason or "said goodbye")
+            connection.close_reason = event.reason or "said goodbye"
+            self._ended(connection, session)
+        else:
+            log.debug("quic: %r: %s", cid, event)
+
+    def _send_now(self, connection: Connection, enc: EncodedMessage) -> None:
+        connection.submit(SendJob.of(enc))
+
+    def _hello(self, connection: Connection, session: HubSession, msg: Message) -> None:
+        who = connection.who
+        try:
+            session = self._sessions[connection] = HubSession(
+                **self._session_options(), tls_name=self._check_certificate(connection)
+            )
+            event = session.receive(msg)
+        except SessionRefused as exc:
+            self._send_now(connection, session.refusal(exc))
+            self._refused(who, exc)
+            self._close_after_flush(connection, APP_REFUSED, str(exc))
+            return
+        if not isinstance(event, Joined):
+            log.debug("quic: %s: first message %s", who, event)
+            return
+        hello = session.hello
+        assert hello is not None
+        cid = hello.client_id
+        connection.limits = self.limits
+        connection.hello_only = False
+        with self._lock:
+            old = self._peers.get(cid)
+            self._peers[cid] = connection
+        if old is not None and old is not connection:
+            log.info("quic: client %r reconnected from %s; closing its old connection", cid, who)
+            old.close(APP_REPLACED, "replaced by a new connection of the same client")
+            self._sessions.pop(old, None)
+        replaced = self._make_member(
+            cid, hello.decoders, session=connection, max_message_bytes=hello.max_message_bytes
+        )
+        self._send_now(connection, session.welcome())
+        self._announce_member(cid, replaced)
+
+    def _close_after_flush(self, connection: Connection, code: int, reason: str) -> None:
+        """Close once what was queued on ``connection`` is acknowledged (a refusal must
+        arrive), or after :data:`BYE_TIMEOUT`; :meth:`_tick` does it."""
+        connection.close_later = (code, reason, time.monotonic() + BYE_TIMEOUT)
+
+    # -- the template's --------------------------------------------------------------------
+
+    def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
+        with self._lock:
+            connection = self._peers.get(client_id)
+        if connection is None:
+            raise PeerGone(f"client {client_id!r} is not connected")
+        self._engine.run_send(connection, enc, deadline)
+
+    def _close_transport(self) -> None:
+        with self._lock:
+            connections = list(self._peers.values())
+        goodbye = bye("the hub is closing")
+        for connection in connections:
+            self._engine.call(functools.partial(self._send_now, connection, goodbye))
+        self._engine.flush(connections, BYE_TIMEOUT)
+        self._engine.close_now(
+            lambda: list(self._sessions), APP_CLOSED, "the hub is closing", BYE_TIMEOUT
+        )
+
+    def quic_stats(self) -> dict[str, dict[str, int]]:
+        """Per connected client: packets sent, packets declared lost and probe timeouts
+        (aioquic's loss recovery) on its connection so far."""
+        with self._lock:
+            return {cid: connection.stats for cid, connection in self._peers.items()}
