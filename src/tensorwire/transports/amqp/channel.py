@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import pika
 import pika.exceptions as px
@@ -40,13 +40,14 @@ from tensorwire.transports.amqp.settings import (
     REASSEMBLY_TIMEOUT,
     RECONNECT_TIMEOUT,
     AmqpAddress,
+    AmqpChannelOptions,
     parse_chunk_size,
 )
-from tensorwire.transports.base import Inbox, deadline_after, default_client_id, remaining
+from tensorwire.transports.base import ChannelOptions, Inbox, deadline_after, remaining
 from tensorwire.transports.broker import HUB_SENDER, BrokerChannel, Graces, Inflow, unsealed
-from tensorwire.transports.security import TLS, Sealer
+from tensorwire.transports.security import Sealer
 from tensorwire.transports.session import Closed, State, Welcomed
-from tensorwire.wire import PREFIX_SIZE, EncodedMessage, Limits, Message, encode_message
+from tensorwire.wire import PREFIX_SIZE, EncodedMessage, Message, encode_message
 from tensorwire.wire.format import parse_prefix
 
 log = logging.getLogger("tensorwire.transports.amqp")
@@ -62,35 +63,23 @@ class AmqpChannel(BrokerChannel):
     """
 
     protocol = "amqp"
+    options_type: ClassVar[type[ChannelOptions] | None] = AmqpChannelOptions
+    options: AmqpChannelOptions
     _consumer: Consumer | None = None
     _pub: Publisher | None = None
     _begun = False  # this connection's queue, session and publisher are made
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        chunk: int | None = None,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
-        self._credentials(tls, key)
-        self._address = AmqpAddress(url, tls)
+    def __init__(self, url: str, options: AmqpChannelOptions) -> None:
+        super().__init__(url, options)
+        self._address = AmqpAddress(url, self.tls)
         if self._address.prefix is None:
             raise TransportError(
                 f"{self._shown!r} names no hub: add ?prefix=... (the hub's .url has it)"
             )
+        chunk = options.chunk
         self.chunk = (
             parse_chunk_size(chunk) if chunk is not None else self._address.chunk or DEFAULT_CHUNK
         )
-        self.client_id = client_id or default_client_id()
         self._uplink = f"{self._address.prefix}.up"
         self._queue = ""
         self._stale: str | None = None  # the queue of the connection before, deleted once back
@@ -99,7 +88,7 @@ class AmqpChannel(BrokerChannel):
         self._cond = threading.Condition()  # guards _answer; notified when a session opens
         self._inbox = Inbox()
         self._hub_grace = Graces(HUB_GRACE)  # the uplink had no consumer: the hub may be gone
-        self.reconnect(timeout)
+        self.reconnect()
 
     def _begin(self) -> None:
         """This connection's queue, session and publisher, kept by the attempts that follow."""

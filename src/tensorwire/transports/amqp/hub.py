@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pika
 import pika.exceptions as px
@@ -36,9 +36,10 @@ from tensorwire.transports.amqp.settings import (
     PREFETCH,
     REASSEMBLY_TIMEOUT,
     AmqpAddress,
+    AmqpHubOptions,
     parse_chunk_size,
 )
-from tensorwire.transports.base import deadline_after
+from tensorwire.transports.base import HubOptions, deadline_after
 from tensorwire.transports.broker import BrokerHub, BrokerPeer, unsealed
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, Ignored, bye
 from tensorwire.wire import CHUNK_HEADER_SIZE, EncodedMessage, Message, decode_message, parse_chunk
@@ -56,26 +57,19 @@ class _Peer(BrokerPeer):
 class AmqpHub(BrokerHub[_Peer]):
     """Hub on a RabbitMQ broker; clients connect to :attr:`url` (it carries the prefix).
 
-    ``chunk``: most bytes per AMQP message (default: the URL's, else :data:`DEFAULT_CHUNK`);
-    ``liveness``: seconds between checks that each member's queue still has a consumer.
-    ``tls`` is the connection's TLS to the broker (its ``ca`` checks the broker's certificate,
-    its ``cert`` is shown if the broker asks for one); ``auth`` the enrolled devices' keys, which
+    The credentials' ``tls`` is the connection's TLS to the broker (its ``ca`` checks the
+    broker's certificate, its ``cert`` is shown if the broker asks for one); their ``keys``
     admit clients here: the hub never sees a client's certificate, the broker does.
     """
 
     protocol = "amqp"
+    options_type: ClassVar[type[HubOptions] | None] = AmqpHubOptions
+    options: AmqpHubOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        chunk: int | None = None,
-        liveness: float = 1.0,
-        timeout: float = 30.0,
-        **options: Any,
-    ) -> None:
-        super().__init__(grace=LEAVE_GRACE, reassembly_timeout=REASSEMBLY_TIMEOUT, **options)
+    def __init__(self, url: str, options: AmqpHubOptions) -> None:
+        super().__init__(url, options, grace=LEAVE_GRACE, reassembly_timeout=REASSEMBLY_TIMEOUT)
         address = AmqpAddress(url, self.tls)
+        chunk, liveness = options.chunk, options.liveness
         self.prefix = address.prefix or f"tw-{uuid.uuid4().hex[:12]}"
         self.chunk = (
             parse_chunk_size(chunk) if chunk is not None else address.chunk or DEFAULT_CHUNK
@@ -91,7 +85,7 @@ class AmqpHub(BrokerHub[_Peer]):
         self._consumer = Consumer(
             address,
             f"hub {self.prefix}",
-            deadline_after(timeout),
+            deadline_after(options.timeouts.connect),
             setup=self._setup,
             tick=self._tick,
             on_lost=self._medium_lost,

@@ -3,11 +3,13 @@ TLS), and the timing of the session on RabbitMQ."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 
 from tensorwire.errors import TransportError
+from tensorwire.transports.base import ChannelOptions, HubOptions
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import HELLO_LIMITS
 from tensorwire.transports.url import query_options, redacted
@@ -53,6 +55,24 @@ _PIKA_QUERY = tuple(
         if name.startswith("_set_url_") and name != "_set_url_ssl_options"
     )
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AmqpHubOptions(HubOptions):
+    """What ``serve("amqp://...")`` takes; ``timeouts.connect`` bounds reaching the broker."""
+
+    chunk: int | None = None
+    """Most bytes per AMQP message (default: ``?chunk=``, else :data:`DEFAULT_CHUNK`)."""
+    liveness: float = 1.0
+    """Seconds between checks that each member's queue still has a consumer."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AmqpChannelOptions(ChannelOptions):
+    """What ``connect("amqp://...")`` takes."""
+
+    chunk: int | None = None
+    """Most bytes per AMQP message (default: ``?chunk=``, else :data:`DEFAULT_CHUNK`)."""
 
 
 class AmqpAddress:

@@ -1,6 +1,5 @@
 """The channel of a broker transport: its session's sealing, what it holds until the welcome
-brings the key to check it, the inbox of whole messages, the medium lost / back, and the
-reconnect and close made of the transport's ``_open``, ``_say_goodbye`` and ``_drop``."""
+brings the key to check it, the inbox of whole messages, and the medium lost / back."""
 
 from __future__ import annotations
 
@@ -9,9 +8,9 @@ import logging
 from typing import Any
 
 from tensorwire.errors import AuthenticationError, PeerGone, TransportTimeout, WireError
-from tensorwire.transports.base import Channel, Inbox, _log_limited, dial
+from tensorwire.transports.base import Channel, Inbox, _log_limited
 from tensorwire.transports.security import ReplayWindow, Sealer
-from tensorwire.transports.session import ClientSession, Welcomed
+from tensorwire.transports.session import ClientSession
 from tensorwire.transports.url import redacted
 from tensorwire.wire import PREFIX_SIZE, Message
 
@@ -25,31 +24,13 @@ EARLY_BYTES = 64 << 20
 class BrokerChannel(Channel):
     """A channel whose hub is reached through a broker."""
 
-    url: str
     _session: ClientSession
     _inbox: Inbox  # whole messages for recv
     _forged: AuthenticationError | None = None  # why a welcome was not the hub's
-    _closed = True
-
-    # -- what a broker transport implements ------------------------------------------------
-
-    def _open(self, deadline: float | None) -> Welcomed:
-        """One attempt to reach the hub; OSError to be retried until ``deadline``."""
-        raise NotImplementedError
-
-    def _say_goodbye(self) -> None:
-        """Tell the hub this session ends, and release what the broker holds for it."""
-        raise NotImplementedError
-
-    def _drop(self) -> None:
-        """Release the connection at once, no goodbye; idempotent; never raises."""
-        raise NotImplementedError
 
     def _abandon(self) -> None:
         """A connect that failed for good: release it, and what the broker holds for it."""
         self._drop()
-
-    # -- the template ------------------------------------------------------------------------
 
     @property
     def _shown(self) -> str:
@@ -61,39 +42,25 @@ class BrokerChannel(Channel):
         """The largest whole message this channel reassembles, bytes."""
         return PREFIX_SIZE + self.limits.max_header_bytes + self.limits.max_message_bytes
 
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)join the hub in a fresh session; an open one is dropped first.
-
-        A broker's own: a welcome that failed its proof is said (no hub knowing our secret
-        answered), and an attempt that fails for good releases what the broker holds for it.
-        """
-        if not self._closed:
-            self._drop()
+    def reconnect(self, timeout: float | None = None) -> None:
+        """The template's, and a broker's own: an attempt that fails for good releases what
+        the broker holds for it, and a welcome that failed its proof is said (no hub that
+        knows our secret answered, though something did)."""
         self._forged = None
         try:
-            welcome = dial(self._open, what=f"the hub at {self._shown}", timeout=timeout)
+            super().reconnect(timeout)
         except TransportTimeout:
             self._abandon()
             if self._forged is None:
                 raise
+            waited = self.options.timeouts.connect if timeout is None else timeout
             raise AuthenticationError(
                 f"no hub that knows {self.client_id!r}'s secret welcomed it at {self._shown} "
-                f"within {timeout} s: {self._forged}"
+                f"within {waited} s: {self._forged}"
             ) from None
         except BaseException:
             self._abandon()
             raise
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
-        self._closed = False
-
-    def close(self) -> None:
-        """Say goodbye to the hub and disconnect."""
-        if self._closed:
-            return
-        self._say_goodbye()
-        self._drop()
-        self._closed = True
 
     # -- the session -------------------------------------------------------------------------
 

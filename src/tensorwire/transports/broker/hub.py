@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from tensorwire.errors import PeerGone, TransportError
-from tensorwire.transports.base import Hub
+from tensorwire.transports.base import Hub, HubOptions
 from tensorwire.transports.broker.graces import Graces
 from tensorwire.transports.broker.inflow import Inflow
 from tensorwire.transports.broker.payloads import HUB_SENDER
@@ -47,8 +47,10 @@ class BrokerHub(Hub, Generic[P]):
 
     sees_client_certificates = False  # they reach the broker, never the hub
 
-    def __init__(self, *, grace: float, reassembly_timeout: float, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(
+        self, url: str, options: HubOptions, *, grace: float, reassembly_timeout: float
+    ) -> None:
+        super().__init__(url, options)
         self._lock = threading.Lock()
         self._peers: dict[str, P] = {}  # open sessions, by client id
         self._changed = threading.Condition(self._lock)  # a member left, or is sure again

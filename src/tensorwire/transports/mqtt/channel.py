@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
@@ -21,10 +21,10 @@ from tensorwire.errors import (
     WireError,
 )
 from tensorwire.transports.base import (
+    ChannelOptions,
     Inbox,
     _log_limited,
     deadline_after,
-    default_client_id,
     remaining,
 )
 from tensorwire.transports.broker import HUB_SENDER, BrokerChannel, Inflow, one_chunk, unsealed
@@ -40,50 +40,38 @@ from tensorwire.transports.mqtt.settings import (
     HELLO_RETRY_S,
     REASSEMBLY_TIMEOUT_S,
     TICK_S,
+    MqttChannelOptions,
     MqttSettings,
     check_client_id,
 )
 from tensorwire.transports.mqtt.will import WILL_GRACE_S, is_will, will, will_key
-from tensorwire.transports.security import TLS, Sealer
+from tensorwire.transports.security import Sealer
 from tensorwire.transports.session import HELLO_LIMITS, State, Welcomed, bye
-from tensorwire.wire import EncodedMessage, Limits, Message, decode_message
+from tensorwire.wire import EncodedMessage, Message, decode_message
 
 log = logging.getLogger("tensorwire.transports.mqtt")
 
 
 class MqttChannel(BrokerChannel):
-    """A client of an :class:`MqttHub`; waits up to ``timeout`` seconds for broker and hub.
-
-    ``tls``: the connection's TLS to the broker (its ``ca`` checks the broker's certificate,
-    ``cert`` is shown if the broker asks); ``key``: this device's enrolled secret, proven to
-    the hub.
+    """A client of an :class:`MqttHub`; waits up to ``timeouts.connect`` seconds for broker
+    and hub. The credentials' ``tls`` is the connection's TLS to the broker (its ``ca`` checks
+    the broker's certificate, ``cert`` is shown if the broker asks); their ``secret`` is proven
+    to the hub.
     """
 
     protocol = "mqtt"
+    options_type: ClassVar[type[ChannelOptions] | None] = MqttChannelOptions
+    options: MqttChannelOptions
     _connection: BrokerConnection | None = None
     _keeper: threading.Thread | None = None
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        qos: int | None = None,
-        chunk_bytes: int | None = None,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
-        self._credentials(tls, key)
-        self.settings = MqttSettings.from_url(url, qos, chunk_bytes, tls=tls is not None)
-        self.client_id = check_client_id(client_id or default_client_id())
+    def __init__(self, url: str, options: MqttChannelOptions) -> None:
+        super().__init__(url, options)
+        tls = self.tls is not None
+        self.settings = MqttSettings.from_url(url, options.qos, options.chunk_bytes, tls=tls)
+        check_client_id(self.client_id)
         self._cond = threading.Condition()
-        self.reconnect(timeout)
+        self.reconnect()
 
     def _open(self, deadline: float | None) -> Welcomed:
         """Connect to the broker, subscribe, and say hello until the hub welcomes us."""

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
@@ -22,7 +22,7 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports.base import deadline_after, remaining
+from tensorwire.transports.base import HubOptions, deadline_after, remaining
 from tensorwire.transports.broker import BrokerHub, BrokerPeer, Inflow, one_chunk, unsealed
 from tensorwire.transports.mqtt.connection import (
     MAX_OUTAGE_S,
@@ -36,6 +36,7 @@ from tensorwire.transports.mqtt.settings import (
     HANDSHAKE_TIMEOUT_S,
     REASSEMBLY_TIMEOUT_S,
     TICK_S,
+    MqttHubOptions,
     MqttSettings,
 )
 from tensorwire.transports.mqtt.will import WILL_GRACE_S, is_will, will, will_key
@@ -71,30 +72,22 @@ def _repeats(payload: bytes, message: bytes) -> bool:
 class MqttHub(BrokerHub[_Peer]):
     """Hub on the topics under an ``mqtt://host:port/prefix`` URL's prefix (see the package doc).
 
-    ``qos`` and ``chunk_bytes`` override the URL's query; ``timeout`` bounds reaching the broker.
-    ``tls`` is the connection's TLS to the broker (its ``ca`` checks the broker's certificate;
-    its ``cert`` is shown if the broker asks for one); ``auth`` the enrolled devices' keys, which
-    admit clients here: the hub never sees a client's certificate, the broker does.
+    The credentials' ``tls`` is the connection's TLS to the broker (its ``ca`` checks the
+    broker's certificate; its ``cert`` is shown if the broker asks for one); their ``keys`` admit
+    clients here: the hub never sees a client's certificate, the broker does.
     ``authenticate`` runs on the MQTT network thread: it must not send.
     """
 
     protocol = "mqtt"
+    options_type: ClassVar[type[HubOptions] | None] = MqttHubOptions
+    options: MqttHubOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        qos: int | None = None,
-        chunk_bytes: int | None = None,
-        timeout: float = 10.0,
-        **options: Any,
-    ) -> None:
-        s = MqttSettings.from_url(url, qos, chunk_bytes, tls=options.get("tls") is not None)
-        super().__init__(
-            grace=WILL_GRACE_S, reassembly_timeout=REASSEMBLY_TIMEOUT_S[s.qos], **options
-        )
+    def __init__(self, url: str, options: MqttHubOptions) -> None:
+        tls = options.credentials.tls is not None
+        s = MqttSettings.from_url(url, options.qos, options.chunk_bytes, tls=tls)
+        timeout = REASSEMBLY_TIMEOUT_S[s.qos]
+        super().__init__(url, options, grace=WILL_GRACE_S, reassembly_timeout=timeout)
         self.settings = s
-        self.url = url
         if self.tls is not None and self.authenticate is None:
             log.warning(
                 "mqtt: the hub at %s has TLS settings but no auth= keys: client certificates "
@@ -124,6 +117,7 @@ class MqttHub(BrokerHub[_Peer]):
                 functools.partial(self._medium_back_as, detail, kept)
             ),
         )
+        timeout = options.timeouts.connect
         try:
             self._connection.connect(deadline_after(timeout), timeout)
         except BaseException:

@@ -3,10 +3,11 @@ topics under the prefix, and the timing of the session on them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from tensorwire.errors import TransportError
+from tensorwire.transports.base import ChannelOptions, HubOptions, Timeouts
 from tensorwire.transports.session import HELLO_LIMITS
 from tensorwire.transports.url import host_port, query_options, redacted
 from tensorwire.wire import CHUNK_HEADER_SIZE, PREFIX_SIZE
@@ -29,6 +30,29 @@ BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before disconnecting anyway
 HELLO_RETRY_S = (0.2, 2.0)  # first and longest wait for a welcome before saying hello again
 TICK_S = 0.5  # how often partial messages are expired and graces checked
 CONTROL_BYTES = PREFIX_SIZE + HELLO_LIMITS.max_header_bytes + HELLO_LIMITS.max_message_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MqttOptions:
+    """How an endpoint publishes, hub and channel alike (each overrides the URL's query)."""
+
+    qos: int | None = None
+    """MQTT QoS of every publish and subscription: 0, 1 or 2 (default: ``?qos=``, else 1)."""
+    chunk_bytes: int | None = None
+    """Most bytes per published payload, chunk header included (default: ``?chunk=``, else
+    :data:`DEFAULT_CHUNK_BYTES`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MqttHubOptions(HubOptions, MqttOptions):
+    """What ``serve("mqtt://...")`` takes; ``timeouts.connect`` bounds reaching the broker."""
+
+    timeouts: Timeouts = field(default_factory=lambda: Timeouts(connect=10.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MqttChannelOptions(ChannelOptions, MqttOptions):
+    """What ``connect("mqtt://...")`` takes."""
 
 
 @dataclass(frozen=True)
