@@ -24,7 +24,7 @@ from tensorwire.errors import (
 )
 from tensorwire.transports.amqp.connection import CLIENT_HEADER, Admin, declare_queue, sender_of
 from tensorwire.transports.amqp.consumer import Consumer
-from tensorwire.transports.amqp.control import lone_chunk, say, session_message
+from tensorwire.transports.amqp.control import say, session_message
 from tensorwire.transports.amqp.publisher import Publisher
 from tensorwire.transports.amqp.settings import (
     BYE_TIMEOUT,
@@ -44,7 +44,14 @@ from tensorwire.transports.amqp.settings import (
     parse_chunk_size,
 )
 from tensorwire.transports.base import ChannelOptions, Inbox, deadline_after, remaining
-from tensorwire.transports.broker import HUB_SENDER, BrokerChannel, Graces, Inflow, unsealed
+from tensorwire.transports.broker import (
+    HUB_SENDER,
+    BrokerChannel,
+    Graces,
+    Inflow,
+    lone_chunk,
+    unsealed,
+)
 from tensorwire.transports.security import Sealer
 from tensorwire.transports.session import Closed, State, Welcomed
 from tensorwire.wire import PREFIX_SIZE, EncodedMessage, Message, encode_message
@@ -85,7 +92,7 @@ class AmqpChannel(BrokerChannel):
         self._stale: str | None = None  # the queue of the connection before, deleted once back
         if len(f"{self._address.prefix}.c.{self.client_id}.12345678".encode()) > MAX_NAME:
             raise TransportError(f"client id {self.client_id!r} is too long for an AMQP queue name")
-        self._cond = threading.Condition()  # guards _answer; notified when a session opens
+        self._cond = threading.Condition()  # guards _reply; notified when a session opens
         self._inbox = Inbox()
         self._hub_grace = Graces(HUB_GRACE)  # the uplink had no consumer: the hub may be gone
         self.reconnect()
@@ -98,7 +105,7 @@ class AmqpChannel(BrokerChannel):
         self._inbox = Inbox()
         self._inflow = Inflow(self._most_bytes, REASSEMBLY_TIMEOUT)
         self._begin_session(queue=self._queue)
-        self._answer: Welcomed | Exception | None = None
+        self._reply: Welcomed | Exception | None = None
         self._rehello_at: float | None = None  # when to say hello again (after a reconnect)
         self._asking_since = 0.0  # when the hello said again after a reconnect began
         self._afresh = False  # asking in a new session: the hub no longer had ours
@@ -127,16 +134,16 @@ class AmqpChannel(BrokerChannel):
         self._pub.publish("", self._uplink, self._hello, CONTROL_CHUNK, deadline)
         wait_until = min(time.monotonic() + HELLO_RETRY, deadline or float("inf"))
         with self._cond:
-            while self._answer is None:
+            while self._reply is None:
                 left = remaining(wait_until)
                 if left == 0.0:
                     raise TransportTimeout(
                         f"the hub at {self._shown} has not answered the hello yet"
                     )
                 self._cond.wait(left)
-            answer = self._answer
+            answer = self._reply
         if isinstance(answer, Exception):
-            self._answer = None
+            self._reply = None
             raise answer
         if self._stale:
             self._delete_queue(self._stale)
@@ -261,29 +268,16 @@ class AmqpChannel(BrokerChannel):
 
     def _on_answer(self, msg: Message) -> None:
         """The hub's answer to our hello (or something posing as it)."""
-        s = self._session
-        try:
-            event = s.receive(msg)
-        except AuthenticationError as exc:
-            if s.state is not State.AWAIT_WELCOME:  # the hub refused our credential
-                self._answered(exc)
-            else:  # a welcome without proof of our secret: forged, or another hub's
-                self._forged = exc
-                self._rejected(exc)
-            return
-        except TransportError as exc:  # refused, another version, not a hub
-            self._answered(exc)
-            return
-        if isinstance(event, Welcomed):
-            self._answered(event)
+        answer = self._answer(msg)
+        if answer is not None:
+            self._answered(answer)
+        if isinstance(answer, Welcomed):
             self._check_early()
-        else:
-            log.debug("amqp: %s: %s", self.client_id, event)
 
     def _answered(self, answer: Welcomed | Exception) -> None:
         with self._cond:
             if not self._afresh:  # connect() waits for it
-                self._answer = answer
+                self._reply = answer
             elif isinstance(answer, Exception):
                 self._inbox.fail(
                     PeerGone(

@@ -10,25 +10,12 @@ import pika.exceptions as px
 
 from tensorwire.errors import SessionRefused, WireError
 from tensorwire.transports.amqp.connection import props
-from tensorwire.transports.amqp.settings import CONTROL_CHUNK
 from tensorwire.transports.broker import one_chunk
 from tensorwire.transports.security import Sealer
 from tensorwire.transports.session import HELLO_LIMITS, HubSession
-from tensorwire.wire import EncodedMessage, Message, decode_message, encode_message, parse_chunk
+from tensorwire.wire import EncodedMessage, Message, decode_message, encode_message
 
 log = logging.getLogger("tensorwire.transports.amqp")
-
-
-def lone_chunk(body: bytes) -> memoryview | None:
-    """The message a body carries if it is one unsealed chunk of at most the session
-    messages' size, else None (a sealed body has bytes past its chunk)."""
-    try:
-        head, payload = parse_chunk(body)
-    except WireError:
-        return None
-    if head.count != 1 or len(payload) != head.total_length or len(payload) > CONTROL_CHUNK:
-        return None
-    return payload
 
 
 def session_message(payload: Any) -> Message | None:

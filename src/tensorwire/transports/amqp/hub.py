@@ -23,7 +23,7 @@ from tensorwire.errors import (
 )
 from tensorwire.transports.amqp.connection import Admin, declare_queue, sender_of
 from tensorwire.transports.amqp.consumer import Consumer
-from tensorwire.transports.amqp.control import lone_chunk, refusal, say, session_message
+from tensorwire.transports.amqp.control import refusal, say, session_message
 from tensorwire.transports.amqp.publisher import Publisher
 from tensorwire.transports.amqp.settings import (
     BYE_TIMEOUT,
@@ -40,7 +40,7 @@ from tensorwire.transports.amqp.settings import (
     parse_chunk_size,
 )
 from tensorwire.transports.base import HubOptions, deadline_after
-from tensorwire.transports.broker import BrokerHub, BrokerPeer, unsealed
+from tensorwire.transports.broker import BrokerHub, BrokerPeer, lone_chunk, unsealed
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, Ignored, bye
 from tensorwire.wire import CHUNK_HEADER_SIZE, EncodedMessage, Message, decode_message, parse_chunk
 

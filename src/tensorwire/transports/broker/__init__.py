@@ -12,7 +12,13 @@ from tensorwire.transports.broker.channel import EARLY_BYTES, BrokerChannel
 from tensorwire.transports.broker.graces import Graces
 from tensorwire.transports.broker.hub import BrokerHub, BrokerPeer
 from tensorwire.transports.broker.inflow import Inflow
-from tensorwire.transports.broker.payloads import HUB_SENDER, one_chunk, sealed, unsealed
+from tensorwire.transports.broker.payloads import (
+    HUB_SENDER,
+    lone_chunk,
+    one_chunk,
+    sealed,
+    unsealed,
+)
 
 __all__ = [
     "EARLY_BYTES",
@@ -22,6 +28,7 @@ __all__ = [
     "BrokerPeer",
     "Graces",
     "Inflow",
+    "lone_chunk",
     "one_chunk",
     "sealed",
     "unsealed",

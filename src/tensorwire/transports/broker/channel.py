@@ -7,10 +7,16 @@ import itertools
 import logging
 from typing import Any
 
-from tensorwire.errors import AuthenticationError, PeerGone, TransportTimeout, WireError
+from tensorwire.errors import (
+    AuthenticationError,
+    PeerGone,
+    TransportError,
+    TransportTimeout,
+    WireError,
+)
 from tensorwire.transports.base import Channel, Inbox, _log_limited
 from tensorwire.transports.security import ReplayWindow, Sealer
-from tensorwire.transports.session import ClientSession
+from tensorwire.transports.session import ClientSession, State, Welcomed
 from tensorwire.transports.url import redacted
 from tensorwire.wire import PREFIX_SIZE, Message
 
@@ -78,6 +84,23 @@ class BrokerChannel(Channel):
         """What seals this session's payloads once it has a key; None before, or without."""
         key = self._session.key
         return None if key is None else Sealer([key], self.client_id.encode(), self._seq)
+
+    def _answer(self, msg: Message) -> Welcomed | Exception | None:
+        """What ``msg`` answers to our hello: the welcome, or why there is no session (refused,
+        another version, not a hub); None for a welcome without proof of our secret (forged, or
+        another hub's), rejected and kept in :attr:`_forged`, or anything else."""
+        s = self._session
+        try:
+            event = s.receive(msg)
+        except AuthenticationError as exc:
+            if s.state is not State.AWAIT_WELCOME:  # the hub refused our credential
+                return exc
+            self._forged = exc
+            self._rejected(exc)
+            return None
+        except TransportError as exc:
+            return exc
+        return event if isinstance(event, Welcomed) else None
 
     def _hold(self, item: Any, nbytes: int) -> bool:
         """Keep a payload that may be the hub's until the welcome's key can check it; False

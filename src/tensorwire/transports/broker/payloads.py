@@ -11,9 +11,10 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from tensorwire.errors import AuthenticationError
+from tensorwire.errors import AuthenticationError, WireError
 from tensorwire.transports.security import ReplayWindow, Sealer, unseal
-from tensorwire.wire import EncodedMessage, iter_chunks, new_message_id
+from tensorwire.transports.session import HELLO_LIMITS
+from tensorwire.wire import EncodedMessage, iter_chunks, new_message_id, parse_chunk
 
 HUB_SENDER = b"hub"  # the sender the hub's MACs name (docs/security.md)
 
@@ -29,6 +30,17 @@ def one_chunk(enc: EncodedMessage, sealer: Sealer | None = None) -> bytes:
     drops a chunk whose id it has completed, so each publish of a session message needs one),
     sealed if there is a ``sealer``."""
     return sealed(next(iter_chunks(enc.frames(), new_message_id(), max(enc.nbytes, 1))), sealer)
+
+
+def lone_chunk(payload: bytes) -> memoryview | None:
+    """The message a payload carries if it is one unsealed chunk of at most a hello's size,
+    else None (a sealed payload has bytes past its chunk)."""
+    try:
+        head, body = parse_chunk(payload)
+    except WireError:
+        return None
+    whole = head.count == 1 and len(body) == head.total_length
+    return body if whole and len(body) <= HELLO_LIMITS.max_message_bytes else None
 
 
 def unsealed(

@@ -226,19 +226,10 @@ class MqttChannel(BrokerChannel):
         if msg.kind not in ("welcome", "refuse"):
             self._dropped(f"a {msg.kind!r} message where only welcome goes", self._ctl_topic)
         elif s.state is State.AWAIT_WELCOME:
-            try:
-                event = s.receive(msg)
-            except AuthenticationError as exc:
-                if s.state is not State.AWAIT_WELCOME:  # the hub refused our credential
-                    self._error = exc
-                else:  # a welcome without proof of our secret: forged, or another hub's
-                    self._forged = exc
-                    self._rejected(exc)
-                return False
-            except TransportError as exc:  # refused, another version, not a hub
-                self._error = exc
-                return False
-            if isinstance(event, Welcomed):
+            event = self._answer(msg)
+            if isinstance(event, Exception):
+                self._error = event
+            elif event is not None:
                 hub = event.meta.get("hub")
                 if isinstance(hub, str) and hub:
                     self._hub_id, self._asking, self._welcomed = hub, False, event

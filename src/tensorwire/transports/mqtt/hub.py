@@ -23,7 +23,14 @@ from tensorwire.errors import (
     WireError,
 )
 from tensorwire.transports.base import HubOptions, deadline_after, remaining
-from tensorwire.transports.broker import BrokerHub, BrokerPeer, Inflow, one_chunk, unsealed
+from tensorwire.transports.broker import (
+    BrokerHub,
+    BrokerPeer,
+    Inflow,
+    lone_chunk,
+    one_chunk,
+    unsealed,
+)
 from tensorwire.transports.mqtt.connection import (
     MAX_OUTAGE_S,
     BrokerConnection,
@@ -43,7 +50,7 @@ from tensorwire.transports.mqtt.will import WILL_GRACE_S, is_will, will, will_ke
 from tensorwire.transports.security import Keys, ReplayWindow
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, Hello, HubSession, Joined, bye
 from tensorwire.transports.url import redacted
-from tensorwire.wire import CHUNK_HEADER_SIZE, EncodedMessage, Message, decode_message, parse_chunk
+from tensorwire.wire import EncodedMessage, Message, decode_message
 
 log = logging.getLogger("tensorwire.transports.mqtt")
 
@@ -56,17 +63,6 @@ class _Peer(BrokerPeer):
     will_key: bytes | None = None  # checks its wills (and a bye before its welcome)
     will_window: ReplayWindow = field(default_factory=ReplayWindow)  # its wills' numbers
     unsure: bool = False  # the broker lost the sessions: subscribed again only once it says hello
-
-
-def _repeats(payload: bytes, message: bytes) -> bool:
-    """Whether ``payload`` is the whole of ``message`` in one chunk, under any message id."""
-    if not message or len(payload) != CHUNK_HEADER_SIZE + len(message):
-        return False
-    try:
-        head, body = parse_chunk(payload)
-    except WireError:
-        return False
-    return head.count == 1 and body == message
 
 
 class MqttHub(BrokerHub[_Peer]):
@@ -153,7 +149,7 @@ class MqttHub(BrokerHub[_Peer]):
         """A payload on an open session's uplink: with a key, checked before it is reassembled."""
         chunk: Any = payload
         if peer.session.key is not None:
-            if _repeats(payload, peer.hello):
+            if lone_chunk(payload) == peer.hello:
                 # the opening hello again, unsealed: from a client still waiting for the
                 # welcome, or a copy someone replays, so it earns the welcome and nothing more
                 self._work.put(functools.partial(self._welcome, cid, peer, False))
