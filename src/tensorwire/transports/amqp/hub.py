@@ -308,17 +308,14 @@ class AmqpHub(BrokerHub[_Peer]):
             self._peers.clear()
         deadline = deadline_after(BYE_TIMEOUT)
         goodbye = bye("the hub is closing")
-        with self._pub.lock:
-            for peer in peers:
-                sealer = self._sealer(self._keys([peer]))
-                with contextlib.suppress(TransportError):  # gone, or the broker is: done anyway
-                    self._pub.publish_locked(
-                        "", peer.queue, goodbye, CONTROL_CHUNK, deadline, sealer
-                    )
-            with contextlib.suppress(TransportError, px.AMQPError):
-                ch = self._pub.channel(deadline_after(BYE_TIMEOUT))
-                ch.queue_delete(self._uplink)
-                ch.exchange_delete(self._fanout)
+        for peer in peers:
+            sealer = self._sealer(self._keys([peer]))
+            with contextlib.suppress(TransportError):  # gone, or the broker is: done anyway
+                self._pub.publish("", peer.queue, goodbye, CONTROL_CHUNK, deadline, sealer)
+        with self._pub.lock, contextlib.suppress(TransportError, px.AMQPError):
+            ch = self._pub.channel(deadline_after(BYE_TIMEOUT))
+            ch.queue_delete(self._uplink)
+            ch.exchange_delete(self._fanout)
         self._pub.close()
 
 

@@ -71,26 +71,14 @@ class Publisher:
         """Publish ``enc`` as chunks of ``chunk`` bytes, each sealed if there is a ``sealer``
         (as it goes, so the numbers follow the publishes); return once the broker confirmed
         all."""
-        with self.lock:
-            self.publish_locked(exchange, routing_key, enc, chunk, deadline, sealer)
-
-    def publish_locked(
-        self,
-        exchange: str,
-        routing_key: str,
-        enc: EncodedMessage,
-        chunk: int,
-        deadline: float | None,
-        sealer: Sealer | None = None,
-    ) -> None:
-        """:meth:`publish` for a caller that holds :attr:`lock` already."""
-        self._last_used = time.monotonic()
         target = routing_key or exchange
-        for parts in iter_chunks(enc.frames(), new_message_id(), chunk):
-            if remaining(deadline) == 0.0:
-                raise TransportTimeout(f"sending to {target!r} ran out of time")
-            body = sealed(parts, sealer)
-            self._publish_chunk(exchange, routing_key, body, sealer, deadline, target)
+        with self.lock:
+            self._last_used = time.monotonic()
+            for parts in iter_chunks(enc.frames(), new_message_id(), chunk):
+                if remaining(deadline) == 0.0:
+                    raise TransportTimeout(f"sending to {target!r} ran out of time")
+                body = sealed(parts, sealer)
+                self._publish_chunk(exchange, routing_key, body, sealer, deadline, target)
 
     def _publish_chunk(
         self,
