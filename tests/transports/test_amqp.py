@@ -281,23 +281,6 @@ def test_broadcast_to_all_is_one_publish_to_the_fanout(url, connect):
             chans["c"].recv(timeout=0.5)
 
 
-def test_a_channel_started_before_its_hub_joins_when_the_hub_comes(url):
-    result: dict[str, object] = {}
-
-    def client() -> None:
-        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
-            result["msg"] = ch.recv(timeout=T)
-
-    t = threading.Thread(target=client)
-    t.start()
-    time.sleep(0.5)
-    with tensorwire.serve(url) as hub:
-        hub.wait_for(1, timeout=T)
-        hub.send("early", {"v": np.arange(3)})
-        t.join(T)
-    assert np.array_equal(result["msg"]["v"], np.arange(3))
-
-
 def test_a_second_hub_on_the_same_prefix_is_refused(url):
     with tensorwire.serve(url), pytest.raises(TransportError, match="in use"):
         tensorwire.serve(url)

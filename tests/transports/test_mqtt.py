@@ -200,24 +200,6 @@ def test_broadcast_is_one_publish_on_the_broadcast_topic(broker, prefix):
     assert topic == s.down() and len(seen) == count  # ... published once, for all
 
 
-def test_client_that_starts_before_the_hub_is_welcomed(broker, prefix):
-    url = f"{broker}/{prefix}"
-    got: dict[str, object] = {}
-
-    def client() -> None:
-        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
-            got["msg"] = ch.recv(timeout=T)
-
-    t = threading.Thread(target=client)
-    t.start()
-    time.sleep(0.5)  # the client has subscribed and said hello to nobody
-    with tensorwire.serve(url) as hub:
-        hub.wait_for(1, timeout=T)
-        hub.broadcast({"v": np.arange(3)})
-        t.join(T)
-    assert np.array_equal(got["msg"]["v"], np.arange(3))
-
-
 def test_a_hub_callback_may_send(broker, prefix):
     url = f"{broker}/{prefix}"
     hubs: list[tensorwire.Hub] = []

@@ -58,6 +58,11 @@ def hub_url(request: pytest.FixtureRequest) -> str:
     return f"mqtt://{_broker_address(request)}/{_prefix()}"
 
 
+def later_hub_url(request: pytest.FixtureRequest) -> str:
+    """A fresh prefix a channel can dial before a hub serves it (it says hello until one does)."""
+    return hub_url(request)
+
+
 # --- brokers with a TLS listener ---------------------------------------------------------------
 
 

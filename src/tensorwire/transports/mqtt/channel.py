@@ -93,6 +93,7 @@ class MqttChannel(BrokerChannel):
         self._gone: PeerGone | None = None  # the session ended: the hub left
         self._unsure = False  # the broker lost the sessions: the hub may not be subscribed
         self._stopping = False
+        self._unanswered = 0  # hellos said with no welcome yet
         self._ask(deadline)
         self._connection = BrokerConnection(
             s,
@@ -322,6 +323,9 @@ class MqttChannel(BrokerChannel):
                     self._cond.wait(min(max(wake - now, 0.005), TICK_S))
             if hello:
                 self._connection.publish_nowait(self._up, one_chunk(self._hello, sealer))
+                self._unanswered += self._session.state is State.AWAIT_WELCOME
+                if self._unanswered == 2:  # said once per attempt: the hub may start later
+                    log.info("mqtt: %r cannot reach the hub at %s yet", self.client_id, self._shown)
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 for _, exc in self._data.expire():
