@@ -82,7 +82,7 @@ class AmqpAddress:
     ``prefix`` names the hub's queues and exchange (``None``: the hub picks one); ``chunk`` is
     the most bytes per AMQP message (``None``: :data:`DEFAULT_CHUNK`). :attr:`params` has
     tensorwire's ``heartbeat``, ``socket_timeout`` and ``stack_timeout`` unless the URL sets them.
-    ``tls`` (or an ``amqps://`` URL, with the system's CAs) makes the link TLS: pika's
+    ``tls`` (or an ``amqps://`` URL, with the system's CAs) makes the connection TLS: pika's
     ``SSLOptions`` with ``tls.client_context()``, checking the broker's certificate for
     ``tls.server_name`` or the URL's host, on port :data:`DEFAULT_TLS_PORT` unless the URL names
     one. An option that is neither tensorwire's nor pika's raises ``TransportError``.

@@ -102,15 +102,14 @@ class BrokerChannel(Channel):
             return exc
         return event if isinstance(event, Welcomed) else None
 
-    def _hold(self, item: Any, nbytes: int) -> bool:
-        """Keep a payload that may be the hub's until the welcome's key can check it; False
-        (dropped) past :data:`EARLY_BYTES`."""
+    def _hold(self, item: Any, nbytes: int) -> None:
+        """Keep a payload that may be the hub's until the welcome's key can check it (dropped
+        past :data:`EARLY_BYTES`)."""
         if self._early_bytes + nbytes > EARLY_BYTES:
             self._dropped(f"more than {EARLY_BYTES} bytes came before the welcome")
-            return False
+            return
         self._early.append(item)
         self._early_bytes += nbytes
-        return True
 
     def _take_held(self) -> list[Any]:
         """What came before the welcome, to check now that its key is here."""
