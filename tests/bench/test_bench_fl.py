@@ -208,9 +208,12 @@ def test_without_namespaces_it_says_so_and_labels_everything_unshaped_loopback(
     from tensorwire.testbed import Capabilities, Capability
 
     no = Capability(False, "not allowed in this test")
-    monkeypatch.setattr(
-        fl, "probe_capabilities", lambda: Capabilities({"root": no, "userns": no, "netns": no})
-    )
+    for module in (fl.feasibility, fl.runner):
+        monkeypatch.setattr(
+            module,
+            "probe_capabilities",
+            lambda: Capabilities({"root": no, "userns": no, "netns": no}),
+        )
     said: list[str] = []
     matrix = Matrix(protocols=("tcp",), losses=(0.0, 0.1), dataset="synthetic", clients=2, rounds=1)
     summary = fl.run_matrix(matrix, tmp_path / "run", say=said.append, show_progress=False)

@@ -80,7 +80,8 @@ def test_a_device_that_cannot_reach_its_server_says_so_while_it_retries():
     url = f"tcp://127.0.0.1:{closed_port()}"
     done = tensorwire("fl", "client", "--url", url, "--id", "1", "--timeout", "3")
     assert done.returncode == 1
-    assert f"cannot reach {url}" in done.stderr and "retrying (1; giving up in" in done.stderr
+    assert f"cannot reach the hub at {url}" in done.stderr
+    assert "retrying (1; giving up in" in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "TransportTimeout" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
@@ -153,7 +154,7 @@ def test_an_unknown_transfer_baseline_is_refused_with_the_choices(tmp_path):
 def test_bench_transfer_checks_the_small_and_the_big_targets_from_paired_trials(capsys):
     """The verdicts are issue 12's: 128 MiB >= 0.95x and 100x100 float32 >= 0.6x the raw
     socket, each the median of per-round ratios."""
-    from tensorwire.cli.app import _print_targets
+    from tensorwire.cli.bench import _print_targets
 
     def rows(case: dict, raw: list[float], tcp: list[float]) -> list[dict]:
         return [
@@ -190,7 +191,7 @@ def test_a_benchmark_says_once_that_its_hubs_are_open_and_hides_their_chatter(tm
 
 
 def test_the_hub_chatter_filter_keeps_every_other_warning():
-    from tensorwire.cli.app import _LoopbackHubChatter
+    from tensorwire.cli.logs import LoopbackHubChatter
     from tensorwire.transports.base import OPEN_DOOR
 
     def record(name: str, level: int, **extra: object) -> logging.LogRecord:
@@ -198,7 +199,7 @@ def test_the_hub_chatter_filter_keeps_every_other_warning():
         rec.__dict__.update(extra)
         return rec
 
-    keep = _LoopbackHubChatter().filter
+    keep = LoopbackHubChatter().filter
     assert not keep(record("tensorwire.transports", logging.INFO))  # a join or a leave
     assert not keep(record("tensorwire.transports", logging.WARNING, **{OPEN_DOOR: True}))
     assert keep(record("tensorwire.transports.tcp", logging.WARNING))  # e.g. a peer's junk

@@ -34,6 +34,7 @@ from tensorwire.bench.fl_figures import (
     t95,
     time_unit,
 )
+from tensorwire.bench.fl_figures.styles import bar_style
 from tensorwire.bench.report import render
 
 
@@ -140,9 +141,7 @@ def test_error_bars_are_the_95_percent_ci_over_repetitions():
 def _bars(rows: pd.DataFrame) -> plt.Axes:
     fig, ax = plt.subplots()
     styles = series_styles(rows)
-    grouped_bars(
-        ax, rows, "profile", "series", "comm_s", lambda g, s: fl_figures._bar_kwargs(styles[s])
-    )
+    grouped_bars(ax, rows, "profile", "series", "comm_s", lambda g, s: bar_style(styles[s]))
     plt.close(fig)
     return ax
 
@@ -183,7 +182,9 @@ def test_protocols_differ_in_marker_and_line_style_too():
 
 def test_coinciding_accuracy_curves_stay_apart(tmp_path, monkeypatch):
     drawn_figures = []
-    monkeypatch.setattr(fl_figures, "_save", lambda fig, *args: drawn_figures.append(fig))
+    monkeypatch.setattr(
+        fl_figures.accuracy, "save_figure", lambda fig, *args: drawn_figures.append(fig)
+    )
     rows = frame(protocols=("tcp", "zmq", "mqtt"))  # the same accuracy in every round
     fl_figures.accuracy_figure(rows, tmp_path, series_styles(rows))
     lines = [line for line in drawn_figures[0].axes[0].lines if len(line.get_xdata()) == 3]
@@ -212,7 +213,7 @@ def test_the_legend_is_no_wider_than_the_panels():
     fig, axes = plt.subplots(1, 1, figsize=(4, 3))
     names = [f"a rather long series name number {i}" for i in range(6)]
     handles = [axes.plot([0, 1], [i, i])[0] for i in range(6)]
-    fl_figures._legend(fig, [axes], handles, names)
+    fl_figures.canvas.legend_below(fig, [axes], handles, names)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     legend = fig.legends[0].get_window_extent(renderer)

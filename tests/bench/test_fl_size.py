@@ -105,7 +105,7 @@ def test_a_payload_experiment_has_a_directory_safe_key():
 
 
 def test_payload_sizes_join_the_models_axis():
-    from tensorwire.cli.app import _check_fl_choices, _models_and_payloads
+    from tensorwire.cli.bench_fl import _check_fl_choices, _models_and_payloads
 
     assert _models_and_payloads(None, "1MB,10MB") == ("payload:1MB", "payload:10MB")
     assert _models_and_payloads("resnet18", "1MB") == ("resnet18", "payload:1MB")
@@ -303,13 +303,13 @@ def test_the_paired_ratio_takes_the_geometric_mean_of_the_repetitions():
 
 def test_the_ratio_figure_does_not_start_at_zero(tmp_path, monkeypatch):
     seen = {}
-    save = fl_figures._save
+    save = fl_figures.bound.save_figure
 
     def keep(fig, out_dir, name, title, caption):
         seen[name] = fig.axes[0].get_ylim()
         return save(fig, out_dir, name, title, caption)
 
-    monkeypatch.setattr(fl_figures, "_save", keep)
+    monkeypatch.setattr(fl_figures.bound, "save_figure", keep)
     figures = {f.name: f for f in draw_figures(_frame(), tmp_path)}
     low, high = seen["comm_over_bound"]
     assert 0.5 < low < 0.72 < 1.0 < 1.44 < high  # udp at 0.72 of the bound... tcp 1.44
@@ -318,13 +318,13 @@ def test_the_ratio_figure_does_not_start_at_zero(tmp_path, monkeypatch):
 
 def test_the_payload_figure_is_log_log_with_the_bound(tmp_path, monkeypatch):
     seen = {}
-    save = fl_figures._save
+    save = fl_figures.bound.save_figure
 
     def keep(fig, out_dir, name, title, caption):
         seen[name] = [(ax.get_xscale(), ax.get_yscale(), len(ax.lines)) for ax in fig.axes]
         return save(fig, out_dir, name, title, caption)
 
-    monkeypatch.setattr(fl_figures, "_save", keep)
+    monkeypatch.setattr(fl_figures.bound, "save_figure", keep)
     models = ("payload:1MB", "payload:10MB", "payload:100MB")
     frame = _frame(protocols=("tcp", OTHER), reps=2, profiles=("3g", "4g", "wifi"), models=models)
     figures = {f.name: f for f in draw_figures(frame, tmp_path)}

@@ -44,6 +44,17 @@ def test_a_tiny_run_has_a_row_per_trial_and_payload(tmp_path: Path) -> None:
     assert (tmp_path / "latency.csv") in paths
 
 
+def test_each_side_s_cpu_per_round_trip_is_reported_beside_the_wall_time(tmp_path: Path) -> None:
+    rows = bench_latency(payloads=(4096,), round_trips=15, repeat=2, warmup=3)
+    assert [r["transport"] for r in rows] == TRIALS
+    for r in rows:
+        for side in ("hub_cpu_us", "echo_cpu_us"):
+            assert isinstance(r[side], float) and r[side] > 0, (r["transport"], side, r[side])
+    write_rows(rows, tmp_path, "latency")
+    table = pq.read_table(tmp_path / "latency.parquet").to_pylist()
+    assert all(r["hub_cpu_us"] > 0 and r["echo_cpu_us"] > 0 for r in table)
+
+
 def test_an_echo_that_dies_fails_the_raw_trial_at_once() -> None:
     trial = raw_socket_trial(timeout=10)
     arr = np.zeros(1024, np.float32)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tensorwire.codecs import LZ4, AutoCodec, Zstd, resolve_codecs
-from tensorwire.codecs.resolve import SAMPLE_ABOVE, FixedChainSelector
+from tensorwire.codecs.fixed_chain import SAMPLE_ABOVE, FixedChainSelector
 from tensorwire.codecs.streams import ContextSelector, Recheck, StreamChoices
 from tensorwire.errors import CodecConfigError
 from tensorwire.wire import decode_message, encode_message

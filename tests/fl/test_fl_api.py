@@ -271,9 +271,9 @@ def test_best_effort_udp_losses_reach_the_aggregation_and_lossy_deltas_are_refus
     """One datagram of every multi-datagram message is lost. The server's updates then
     report the lost fraction (what loss-aware averaging weighs, per entry); a device refuses
     a delta with a gap and asks for the whole model; training goes on."""
-    from tensorwire.transports.udp import link as udp_link
+    from tensorwire.transports.udp import sending as udp_sending
 
-    real = udp_link.send_datagram
+    real = udp_sending.send_datagram
 
     def lossy(sock, parts, address, deadline):
         head = bytes(parts[0][-40:])  # a chunk's header ends a datagram's clear part
@@ -282,7 +282,7 @@ def test_best_effort_udp_losses_reach_the_aggregation_and_lossy_deltas_are_refus
             return
         real(sock, parts, address, deadline)
 
-    monkeypatch.setattr(udp_link, "send_datagram", lossy)
+    monkeypatch.setattr(udp_sending, "send_datagram", lossy)
     threads: list[threading.Thread] = []
 
     def spawn(url: str) -> None:

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from testbed_support import require
 
-from tensorwire.testbed import Capabilities, NamespacesUnavailable, Testbed
+from tensorwire.testbed import Capabilities, NamespacesUnavailable, Testbed, _named
 
 
 def leftovers(prefix: str) -> list[str]:
@@ -122,6 +124,42 @@ def test_next_testbed_removes_what_a_killed_one_left(caps: Capabilities) -> None
     assert any(name.endswith("srv") for name in leftovers(prefix)), "SIGKILL left nothing?"
     with Testbed(devices=1):
         assert leftovers(prefix) == []
+    assert gone(sleeper)
+
+
+def test_a_sweep_in_progress_is_waited_for_not_taken_for_a_live_testbed(
+    caps: Capabilities,
+) -> None:
+    """Another process sweeping a killed testbed holds its lock for a while: the next testbed
+    waits for that sweep instead of leaving the killed one's leftovers to a live owner."""
+    require(caps, "netns", "tbf", "root")
+    prefix = f"twb-w{secrets.token_hex(2)}-"
+    proc, sleeper = start_crasher(prefix)
+    holding, killed = threading.Event(), threading.Event()
+
+    def slow_sweep() -> None:
+        with _named._sweeping():
+            holding.set()
+            killed.wait(timeout=30)
+            gone, fd = _named._lock_of_dead(prefix)
+            assert gone and fd is not None
+            time.sleep(0.5)  # the sweep's own work, holding the dead testbed's lock
+            os.close(fd)
+            _named._remove_stale_now()
+
+    sweeper = threading.Thread(target=slow_sweep)
+    sweeper.start()
+    try:
+        assert holding.wait(timeout=30)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert leftovers(prefix), "SIGKILL left nothing?"
+        killed.set()
+        with Testbed(devices=1):
+            assert leftovers(prefix) == []
+    finally:
+        killed.set()
+        sweeper.join(timeout=60)
     assert gone(sleeper)
 
 

@@ -11,6 +11,7 @@ number of arguments, is an error at collection, not a skipped test.
 from __future__ import annotations
 
 import inspect
+import socket
 from types import ModuleType
 from typing import Any
 
@@ -58,3 +59,14 @@ def optional(module: ModuleType, name: str) -> Any:
     if name not in OPTIONAL:
         raise KeyError(f"{name} is not a declared hook (tests/transports/scheme_hooks.py)")
     return getattr(module, name, None)
+
+
+def held_port_url(request: Any, scheme: str) -> str:
+    """``scheme://127.0.0.1:PORT`` for a port held, bound but not listening (SO_REUSEADDR),
+    until the test ends: nobody else takes it, no hub serves it yet, and a hub can bind it
+    (a port picked and released would race other processes for it)."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    request.addfinalizer(holder.close)
+    return f"{scheme}://127.0.0.1:{holder.getsockname()[1]}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import threading
@@ -321,30 +320,6 @@ def test_channel_send_to_a_hub_that_stops_reading_times_out():
         server.shutdown()
 
 
-def test_channel_waits_for_a_hub_that_starts_later():
-    probe = socket.create_server(("127.0.0.1", 0))
-    url = f"flight://127.0.0.1:{probe.getsockname()[1]}"
-    probe.close()
-    result: dict[str, object] = {}
-
-    def client() -> None:
-        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
-            result["msg"] = ch.recv(timeout=T)
-
-    t = threading.Thread(target=client)
-    t.start()
-    time.sleep(0.3)
-    with tensorwire.serve(url) as hub:
-        hub.wait_for(1, timeout=T)
-        hub.send("early", {"v": np.arange(3)})
-        t.join(T)
-    assert np.array_equal(result["msg"]["v"], np.arange(3))
-
-
-# -- security ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     pytest.importorskip("cryptography", reason="cryptography is not installed")
     from tensorwire.transports.certs import make_certs

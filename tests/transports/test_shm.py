@@ -241,24 +241,6 @@ def test_hub_closing_ends_the_channel_session(connect):
         ch.send({"x": np.zeros(3)})
 
 
-def test_channel_waits_for_a_hub_that_starts_later():
-    url = _url()
-    result: dict[str, object] = {}
-
-    def client() -> None:
-        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
-            result["msg"] = ch.recv(timeout=T)
-
-    t = threading.Thread(target=client)
-    t.start()
-    time.sleep(0.3)
-    with tensorwire.serve(url) as hub:
-        hub.wait_for(1, timeout=T)
-        hub.send("early", {"v": np.arange(3)})
-        t.join(T)
-    assert np.array_equal(result["msg"]["v"], np.arange(3))
-
-
 def test_names_are_checked_and_held_by_one_hub(hub):
     with pytest.raises(TransportError, match="another hub"):
         tensorwire.serve(hub.url)

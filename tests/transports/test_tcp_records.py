@@ -1,4 +1,4 @@
-"""tcp's secured stream: a TLS 1.3 handshake, then AES-128-OCB3 records (stream_socket.py).
+"""tcp's secured stream (sockets/tls_stream.py): a TLS 1.3 handshake, then AES-128-OCB3 records.
 
 What is checked here, on real sockets: every byte arrives whatever the mix of piece sizes;
 a record altered, replayed, dropped, cut short or declaring too much is refused, never
@@ -22,7 +22,7 @@ from recording_proxy import RecordingProxy
 import tensorwire
 from tensorwire.errors import PeerGone, TransportTimeout
 from tensorwire.transports.certs import Enrolment, make_certs
-from tensorwire.transports.stream_socket import RECORD_BYTES, TlsStream, wrap_tls
+from tensorwire.transports.sockets.tls_stream import RECORD_BYTES, TlsStream, wrap_tls
 
 T = 30.0
 

@@ -11,7 +11,7 @@ import pytest
 
 import tensorwire
 from tensorwire.errors import TransportTimeout
-from tensorwire.transports import tcp
+from tensorwire.transports.tcp.hub import CALLER_LINGER_S
 
 T = 20.0
 
@@ -170,7 +170,7 @@ def test_channel_recv_deadline(hub, timeout):
 
 
 def test_linger_is_bounded():
-    assert 0 < tcp.CALLER_LINGER_S <= 0.1
+    assert 0 < CALLER_LINGER_S <= 0.1
 
 
 def test_a_streams_sender_reads_its_acknowledgements_itself(hub):

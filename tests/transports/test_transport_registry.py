@@ -9,7 +9,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +27,7 @@ from tensorwire.transports.registry import (
     get_transport,
     transports,
 )
-from tensorwire.transports.tcp import TcpChannel, TcpHub
+from tensorwire.transports.tcp import TcpChannel, TcpHub, TcpHubOptions
 
 T = 20.0
 SCHEMES_DIR = Path(__file__).with_name("schemes")
@@ -141,8 +140,8 @@ class ToyHub(TcpHub):
 
     protocol = "toy"
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url.replace("toy+tcp://", "tcp://", 1), **options)
+    def __init__(self, url: str, options: TcpHubOptions) -> None:
+        super().__init__(url.replace("toy+tcp://", "tcp://", 1), options)
         self.url = self.url.replace("tcp://", "toy+tcp://", 1)
 
 
@@ -186,12 +185,12 @@ def test_a_registered_transport_is_listed_by_bench_transfer_and_the_cli(
     toy: TransportEntry,
 ) -> None:
     from tensorwire.bench.transfer import wrapped_libraries, wrapped_library
-    from tensorwire.cli import app
+    from tensorwire.cli import options
 
-    assert app._transport_names()[-1] == "toy"
-    assert app._transports_option("all")[-1] == "toy"
-    assert app._transports_option("tcp,toy+tcp") == ["tcp", "toy"]
-    assert "toy" in app._protocols_help()
+    assert options.transport_names()[-1] == "toy"
+    assert options.transports_option("all")[-1] == "toy"
+    assert options.transports_option("tcp,toy+tcp") == ["tcp", "toy"]
+    assert "toy" in options.protocols_help()
     assert wrapped_library("toy") == "socket"
     assert wrapped_libraries(["toy", "zmq", "tcp"]) == ["socket", "pyzmq"]
 

@@ -5,7 +5,7 @@ allocate more than arrived, a peer that stops reading, floods of silent connecti
 Loss is made two ways: on loopback by dropping chosen datagrams in the sender (exact and
 unprivileged), and in a pair of network namespaces this test creates, with nftables
 dropping packets at random on the receiving side (root only): 10 % of UDP packets, or 20 %
-of every IP packet both ways (the control link's TCP too, as the testbed's loss does). For
+of every IP packet both ways (the control connection's TCP too, as the testbed's loss does). For
 the latter this file is also the helper program that runs inside each namespace:
 ``python tests/transports/test_udp.py hub|client|race-hub|race-client ...``.
 """
@@ -40,13 +40,17 @@ from tensorwire.errors import (
     WireError,
 )
 from tensorwire.transports.udp import channel as udp_channel
+from tensorwire.transports.udp import flow_base as udp_flow_base
 from tensorwire.transports.udp import hub as udp_hub
-from tensorwire.transports.udp import link as udp_link
+from tensorwire.transports.udp import receiving as udp_receiving
+from tensorwire.transports.udp import sending as udp_sending
 from tensorwire.transports.udp import sockets as udp_sockets
-from tensorwire.transports.udp.link import Link, Received, UdpStats, decode_received
+from tensorwire.transports.udp.flow import Flow
 from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.transports.udp.loss import Received, decode_received
 from tensorwire.transports.udp.options import UdpOptions, parse_rate, parse_udp_url
 from tensorwire.transports.udp.sockets import ControlReader, ControlWriter
+from tensorwire.transports.udp.stats import UdpStats
 from tensorwire.wire import Limits, decode_message, encode_message
 from tensorwire.wire.chunks import CHUNK_HEADER, CHUNK_MAGIC, CHUNK_VERSION
 
@@ -57,7 +61,7 @@ _INDEX = struct.Struct("<I")  # a chunk's index, at offset 16 of its header
 def _drop_datagrams(monkeypatch, lose, last: bool = False) -> list[int]:
     """Make every sender skip the datagrams ``lose(message_id, index)`` picks (and, if
     ``last``, every message's last one); return the list of indices skipped."""
-    real = udp_link.send_datagram
+    real = udp_sending.send_datagram
     dropped: list[int] = []
 
     def send(sock, parts, address, deadline):
@@ -68,7 +72,7 @@ def _drop_datagrams(monkeypatch, lose, last: bool = False) -> list[int]:
             return
         real(sock, parts, address, deadline)
 
-    monkeypatch.setattr(udp_link, "send_datagram", send)
+    monkeypatch.setattr(udp_sending, "send_datagram", send)
     return dropped
 
 
@@ -191,15 +195,15 @@ def test_best_effort_header_comes_with_sent_so_losing_its_datagrams_loses_no_mes
 def test_best_effort_waits_for_a_late_sent_when_the_header_datagrams_were_lost(monkeypatch):
     # as on a lossy link, where TCP backoff holds "sent" back for longer than the idle timeout
     _drop_datagrams(monkeypatch, lambda mid, index: index == 0)
-    real = udp_link.Link.send_control
-    delay = 3 * udp_link.IDLE_FLOOR
+    real = Flow.send_control
+    delay = 3 * udp_flow_base.IDLE_FLOOR
 
     def late_sent(self, kind, meta, tensors=None):
         if kind == "sent":
             time.sleep(delay)
         real(self, kind, meta, tensors)
 
-    monkeypatch.setattr(udp_link.Link, "send_control", late_sent)
+    monkeypatch.setattr(Flow, "send_control", late_sent)
     arr = np.arange(20_000, dtype=np.float32)
     with _serve("best-effort") as hub:
         ch = tensorwire.connect(hub.url, client_id="late", timeout=T)
@@ -227,19 +231,19 @@ def test_best_effort_uplink_loss_is_reported_to_the_hub(monkeypatch):
 
 
 def test_best_effort_finishes_at_its_last_datagram_while_sent_is_held_back(monkeypatch):
-    # A loss on the control link holds "sent" back for TCP's retransmission timeout (200 ms
+    # A loss on the control connection holds "sent" back for TCP's retransmission timeout (200 ms
     # and more); the message's last datagram already says the datagrams have ended.
-    monkeypatch.setattr(udp_link, "IDLE_FLOOR", 10 * T)  # so the idle timeout cannot end it
+    monkeypatch.setattr(udp_flow_base, "IDLE_FLOOR", 10 * T)  # so the idle timeout cannot end it
     _drop_datagrams(monkeypatch, lambda mid, index: index == 2)
     received = threading.Event()
-    real = udp_link.Link.send_control
+    real = Flow.send_control
 
     def held_sent(self, kind, meta, tensors=None):
         if kind == "sent":
             received.wait(T)  # until the receiver has the message
         real(self, kind, meta, tensors)
 
-    monkeypatch.setattr(udp_link.Link, "send_control", held_sent)
+    monkeypatch.setattr(Flow, "send_control", held_sent)
     arr = np.arange(20_000, dtype=np.float32)
     with _serve("best-effort") as hub:
         ch = tensorwire.connect(hub.url, client_id="e", timeout=T)
@@ -261,20 +265,20 @@ def test_best_effort_finishes_at_its_last_datagram_while_sent_is_held_back(monke
 
 def test_best_effort_without_the_end_marker_finishes_after_the_idle_timeout(monkeypatch):
     _drop_datagrams(monkeypatch, lambda mid, index: index == 2, last=True)
-    real = udp_link.Link.send_control
+    real = Flow.send_control
 
     def no_sent(self, kind, meta, tensors=None):
         if kind != "sent":  # as if the sender died between its last datagram and "sent"
             real(self, kind, meta, tensors)
 
-    monkeypatch.setattr(udp_link.Link, "send_control", no_sent)
+    monkeypatch.setattr(Flow, "send_control", no_sent)
     with _serve("best-effort") as hub:
         ch = tensorwire.connect(hub.url, client_id="i", timeout=T)
         hub.wait_for(1, timeout=T)
         hub.send("i", {"w": np.ones(10_000, np.float32)}, timeout=T)
         t = time.perf_counter()
         msg = ch.recv(timeout=T)
-        assert udp_link.IDLE_FLOOR * 0.9 <= time.perf_counter() - t < T / 2
+        assert udp_flow_base.IDLE_FLOOR * 0.9 <= time.perf_counter() - t < T / 2
         assert 0 < msg.loss["w"] < 0.1
         ch.close()
 
@@ -352,7 +356,7 @@ def test_a_link_fed_forged_datagrams_and_control_messages_raises_only_wire_error
     loop = IoLoop("fuzz", lambda now: None)
     loop.start()
     got: list[object] = []
-    link = Link(
+    flow = Flow(
         label="peer", mode=mode, options=UdpOptions(mtu=1500), udp=None, address=None,
         reader=ControlReader(ours, Limits(), bytearray(1 << 16)),
         writer=ControlWriter(ours, loop, lambda exc: None), deliver=got.append,
@@ -368,25 +372,25 @@ def test_a_link_fed_forged_datagrams_and_control_messages_raises_only_wire_error
                 if r < 0.9:
                     d = _fuzz_chunk(rng)
                     fed += len(d)
-                    link.on_datagram(memoryview(d), now)
+                    flow.on_datagram(memoryview(d), now)
                 elif r < 0.97:
                     kind = rng.choice(["sent", "drop", "ack", "nack", "other"])
                     meta = {"id": rng.randrange(300), "count": rng.choice([1, 7, 1 << 32])}
                     ranges = {"ranges": np.array([[0, rng.randrange(1, 9)]])}
                     enc = encode_message(ranges if kind == "nack" else None, meta, kind=kind)
-                    link.on_control(decode_message(enc.to_bytes()), now)
+                    flow.on_control(decode_message(enc.to_bytes()), now)
                 elif r < 0.995:
-                    link.tick(now)
+                    flow.tick(now)
                 else:
-                    link.flush(now)
+                    flow.flush(now)
             except WireError:
                 errors += 1
-            held = sum(inc.reassembler.pending_bytes for inc in link._incoming.values())
-            assert held <= 9 * fed + udp_link.MAX_INCOMING * 4096
+            held = sum(inc.reassembler.pending_bytes for inc in flow._incoming.values())
+            assert held <= 9 * fed + udp_receiving.MAX_INCOMING * 4096
             with contextlib.suppress(BlockingIOError):
                 while theirs.recv(1 << 20):
                     pass  # the peer reads its acks and NACKs
-        link.flush(now + 1000)
+        flow.flush(now + 1000)
     finally:
         loop.stop()
         ours.close()
@@ -402,17 +406,17 @@ def test_a_link_fed_forged_datagrams_and_control_messages_raises_only_wire_error
 @pytest.mark.parametrize("sent_delay", [0.0, 0.3])
 def test_best_effort_loses_a_message_that_lost_half_its_bytes_and_says_so(monkeypatch, sent_delay):
     # its last datagram comes, but what came cannot be delivered: it waits for "sent" (held
-    # back here, as a lossy control link does) so that the loss is reported, not dropped
-    monkeypatch.setattr(udp_link, "IDLE_FLOOR", 10 * T)  # so the idle timeout cannot end it
+    # back here, as a lossy control connection does) so that the loss is reported, not dropped
+    monkeypatch.setattr(udp_flow_base, "IDLE_FLOOR", 10 * T)  # so the idle timeout cannot end it
     dropped = _drop_datagrams(monkeypatch, lambda mid, index: 3 <= index % 10 < 9)
-    real = udp_link.Link.send_control
+    real = Flow.send_control
 
     def late_sent(self, kind, meta, tensors=None):
         if kind == "sent":
             time.sleep(sent_delay)
         real(self, kind, meta, tensors)
 
-    monkeypatch.setattr(udp_link.Link, "send_control", late_sent)
+    monkeypatch.setattr(Flow, "send_control", late_sent)
     with _serve("best-effort") as hub:
         ch = tensorwire.connect(hub.url, client_id="h", codec=None, timeout=T)
         hub.wait_for(1, timeout=T)
@@ -513,13 +517,13 @@ def test_a_best_effort_send_cut_by_its_deadline_is_dropped_not_delivered():
         with pytest.raises(TransportTimeout):  # 4 MiB at 20 Mbit/s takes 1.7 s
             hub.send("c", {"w": np.ones(1 << 20, np.float32)}, timeout=0.3)
         with pytest.raises(TransportTimeout):  # the receiver was told to drop what came
-            ch.recv(timeout=3 * udp_link.IDLE_FLOOR)
+            ch.recv(timeout=3 * udp_flow_base.IDLE_FLOOR)
         hub.send("c", {"w": np.arange(3.0)}, timeout=T)
         assert np.array_equal(ch.recv(timeout=T)["w"], np.arange(3.0))
         ch.close()
 
 
-# -- secured: TLS on the control link, sealed datagrams -----------------------------------
+# -- secured: TLS on the control connection, sealed datagrams -----------------------------------
 
 MARKER = b"TENSORWIRE-CLEARTEXT-MARKER-0042"  # in every tensor and in the meta: never in clear
 
@@ -540,9 +544,9 @@ def _secured(e) -> tuple[dict, dict]:
 
 
 def _capture(monkeypatch) -> bytearray:
-    """Keep every byte udp:// hands the kernel, datagrams and control links, both ways."""
+    """Keep every byte udp:// hands the kernel, datagrams and control connections, both ways."""
     seen = bytearray()
-    real_datagram, real_control = udp_link.send_datagram, udp_sockets.ControlWriter._send
+    real_datagram, real_control = udp_sending.send_datagram, udp_sockets.ControlWriter._send
     real_hello = udp_channel.sendmsg_all
 
     def datagram(sock, parts, address, deadline):
@@ -558,7 +562,7 @@ def _capture(monkeypatch) -> bytearray:
         seen.extend(b"".join(bytes(b) for b in buffers))
         real_hello(sock, buffers, deadline)
 
-    monkeypatch.setattr(udp_link, "send_datagram", datagram)
+    monkeypatch.setattr(udp_sending, "send_datagram", datagram)
     monkeypatch.setattr(udp_sockets.ControlWriter, "_send", control)
     monkeypatch.setattr(udp_channel, "sendmsg_all", hello)
     return seen
@@ -596,7 +600,7 @@ def _tamper(monkeypatch, sent: list[tuple]) -> None:
     """Make every sender also send each datagram again (a replay) and an altered copy of it
     (a bit flipped in the clear chunk header, or in the sealed payload); keep each original
     as ``(socket, address, bytes)`` in ``sent``, to replay later."""
-    real = udp_link.send_datagram
+    real = udp_sending.send_datagram
 
     def send(sock, parts, address, deadline):
         real(sock, parts, address, deadline)
@@ -606,7 +610,7 @@ def _tamper(monkeypatch, sent: list[tuple]) -> None:
         d[8 + 16 if len(sent) % 2 else len(d) - 20] ^= 0x01  # a chunk index, or a payload byte
         real(sock, [bytes(d)], address, deadline)
 
-    monkeypatch.setattr(udp_link, "send_datagram", send)
+    monkeypatch.setattr(udp_sending, "send_datagram", send)
 
 
 @pytest.mark.parametrize("mode", ["reliable", "best-effort"])
@@ -859,7 +863,7 @@ def test_best_effort_at_20_percent_loss_finishes_before_reliable(capsys):
     # 20 % of every packet both ways, TCP included. A reliable message pays NACK rounds over
     # that link. A best-effort one ends a grace period after its last datagram or "sent",
     # whichever comes first: "sent" may wait for TCP's retransmission timeout, and the grace
-    # is two round trips of the path, which the smoothed RTT of a lossy control link is not
+    # is two round trips of the path, which the smoothed RTT of a lossy control connection is not
     # (lost ACKs inflate it, up to 1.6 s; the client's replies on that link invite that).
     missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
     if os.geteuid() != 0 or missing:
@@ -898,7 +902,7 @@ def test_best_effort_at_20_percent_loss_finishes_before_reliable(capsys):
             )
             + f"; best-effort loss {[round(t['loss'], 3) for t in by_mode['best-effort']]}"
             + f"; its grace {[round(t['grace_s'], 4) for t in by_mode['best-effort']]} s"
-            + f" (the control link's smoothed RTT {[round(t['srtt_s'], 3) for t in trials]} s)"
+            + f" (the control connection's srtt {[round(t['srtt_s'], 3) for t in trials]} s)"
         )
     assert drops > 0
     assert all(t["exact"] and t["loss"] == 0.0 for t in by_mode["reliable"])
@@ -909,7 +913,7 @@ def test_best_effort_at_20_percent_loss_finishes_before_reliable(capsys):
     # and over 0.1 s, up to 3 s, for 2-4 in 20 messages of a run with fresh sessions)
     assert all(t["grace_s"] < 0.05 for t in by_mode["best-effort"])
     # the receiver is done well within another transfer time of the sender's last datagram
-    # (was: at least the 1 s idle timeout whenever the control link lost "sent")
+    # (was: at least the 1 s idle timeout whenever the control connection lost "sent")
     assert after < send["best-effort"]
 
 
@@ -928,7 +932,7 @@ def _race_hub_main() -> None:
         for k in range(RACE_TRIALS):
             for m in _race_order(k):
                 t0 = time.perf_counter()
-                # reliable: NACK rounds over a lossy control link take 1-3 s, now and then 35
+                # reliable: NACK rounds over a lossy control connection take 1-3 s, now and then 35
                 hubs[m].send("c", {"w": payload}, meta={"t0": t0}, timeout=120)
                 send_s = time.perf_counter() - t0
                 # what the client measured, best-effort: a reply never waits for an ack
@@ -952,11 +956,11 @@ def _race_client_main(urls: str) -> None:
                 msg = channels[m].recv(timeout=120)
                 e2e = time.perf_counter() - msg.meta["t0"]  # one clock for every namespace
                 exact = msg["w"].tobytes() == payload.tobytes()
-                link = channels[m]._link
-                info = link.control.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                flow = channels[m]._flow
+                info = flow.control.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
                 srtt = struct.unpack_from("<I", info, 68)[0] / 1e6  # the kernel's smoothed RTT
                 meta = {"e2e_s": e2e, "loss": msg.loss["w"], "exact": exact}
-                meta |= {"grace_s": link.grace(), "srtt_s": srtt}
+                meta |= {"grace_s": flow.grace(), "srtt_s": srtt}
                 channels["best-effort"].send({}, meta=meta, timeout=60)
     finally:
         for ch in channels.values():

@@ -29,13 +29,8 @@ from tensorwire.errors import (  # noqa: E402
     WireError,
 )
 from tensorwire.transports.session import ClientSession, HubSession  # noqa: E402
-from tensorwire.transports.zmq import (  # noqa: E402
-    MAX_STRANGERS,
-    MORE,
-    PIECE_BYTES,
-    START,
-    _pieces,
-)
+from tensorwire.transports.zmq.hub import MAX_STRANGERS  # noqa: E402
+from tensorwire.transports.zmq.pieces import MORE, PIECE_BYTES, START, message_pieces  # noqa: E402
 from tensorwire.wire import decode_message, encode_message  # noqa: E402
 
 T = 20.0
@@ -64,7 +59,7 @@ def _until(cond, timeout=T) -> bool:
 
 
 def _send_raw(sock, enc) -> None:
-    for piece in _pieces(enc):
+    for piece in message_pieces(enc):
         sock.send_multipart(piece)
 
 
@@ -373,28 +368,6 @@ def test_a_stranger_that_reads_nothing_cannot_stall_the_hub(hub, ctx):
         good.close()
 
 
-def test_a_channel_waits_for_a_hub_that_starts_later():
-    import socket
-
-    probe = socket.create_server(("127.0.0.1", 0))
-    url = f"zmq+tcp://127.0.0.1:{probe.getsockname()[1]}"
-    probe.close()
-    result: dict[str, object] = {}
-
-    def client() -> None:
-        with tensorwire.connect(url, client_id="early", timeout=T) as ch:
-            result["msg"] = ch.recv(timeout=T)
-
-    t = threading.Thread(target=client)
-    t.start()
-    time.sleep(1.5)  # past the first attempt: dial retries
-    with tensorwire.serve(url) as hub:
-        hub.wait_for(1, timeout=T)
-        hub.send("early", {"v": np.arange(3)})
-        t.join(T)
-    assert np.array_equal(result["msg"]["v"], np.arange(3))
-
-
 def test_the_credential_check_sees_only_hellos_on_their_own_routing_id(ctx):
     seen = []
 
@@ -636,21 +609,22 @@ def test_a_replayed_connection_is_refused(curve_hub, proxy, enrolment):
 def test_small_frames_are_copied_and_big_ones_shared_until_written(ctx):
     """Under pyzmq's copy threshold a frame is copied (no tracker to wait for); above it the
     caller's memory is shared and tracked, our own ``bytes`` shared untracked (immutable)."""
-    from tensorwire.transports.zmq import _COPY_BYTES, _queue_piece
+    from tensorwire.transports.zmq.pieces import COPY_BYTES
+    from tensorwire.transports.zmq.sockets import queue_piece
 
     a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
     port = a.bind_to_random_port("tcp://127.0.0.1")
     b.connect(f"tcp://127.0.0.1:{port}")
     assert a.poll(T * 1000, zmq.POLLOUT), "not connected"
     small = np.arange(100, dtype=np.uint8)
-    big = np.ones(2 * _COPY_BYTES, np.uint8)
+    big = np.ones(2 * COPY_BYTES, np.uint8)
     trackers: list = []
-    assert _queue_piece(a, [START + bytes(3), memoryview(small)], trackers)
+    assert queue_piece(a, [START + bytes(3), memoryview(small)], trackers)
     assert trackers == []
     small[:] = 7  # copied at the send: the change must not reach the wire
-    assert _queue_piece(a, [START, memoryview(big)], trackers)
+    assert queue_piece(a, [START, memoryview(big)], trackers)
     assert len(trackers) <= 1  # tracked, unless libzmq already wrote it
-    assert _queue_piece(a, [START, bytes(big)], trackers)
+    assert queue_piece(a, [START, bytes(big)], trackers)
     assert len(trackers) <= 1  # bytes: never tracked
     got = [b"".join(b.recv_multipart()) for _ in range(3)]
     assert got[0] == START + bytes(3) + bytes(range(100))
@@ -674,7 +648,7 @@ def test_a_small_array_may_change_once_send_returned(hub):
 def test_recv_reads_on_the_callers_thread_and_the_reader_takes_over_after(hub):
     """Back-to-back recv calls read the ROUTER themselves; once they stop, the reader thread
     serves joins and messages again (within CALLER_LINGER_S)."""
-    from tensorwire.transports.zmq import CALLER_LINGER_S
+    from tensorwire.transports.zmq.hub import CALLER_LINGER_S
 
     a = tensorwire.connect(hub.url, client_id="a")
     try:

@@ -21,8 +21,8 @@ import pytest
 
 from tensorwire.errors import ChunkError, MessageTooLarge, WireError
 from tensorwire.wire import ChunkReassembler, PartialMessage, iter_chunks
-from tensorwire.wire import chunks as chunks_module
 from tensorwire.wire.chunks import CHUNK_HEADER, CHUNK_MAGIC, CHUNK_VERSION
+from tensorwire.wire.chunks import pending as chunks_pending
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 LIMIT = 16 * GiB  # the default max_message_bytes
@@ -402,7 +402,7 @@ def runs_of(indices: list[int]) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("scan", [8, 64, 1 << 20], ids=["scan-8", "scan-64", "scan-default"])
 def test_gaps_match_the_chunks_that_came(monkeypatch: pytest.MonkeyPatch, scan: int) -> None:
-    monkeypatch.setattr(chunks_module, "_GAP_SCAN", scan)  # gaps that span numpy passes
+    monkeypatch.setattr(chunks_pending, "_GAP_SCAN", scan)  # gaps that span numpy passes
     rng = random.Random(scan)
     for trial in range(60):
         count = rng.randrange(2, 700)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tensorwire.bench.fl_figures import t95
+from tensorwire.bench.confidence import t95
 from tensorwire.fl.config import payload_bytes
 from tensorwire.testbed.profile import as_profile
 

@@ -20,6 +20,11 @@ median from the same round (the issue's targets: tcp <= 1.5x raw socket, zmq <= 
 pyzmq). With two or more CPUs this process runs on the first CPU and the echo processes
 on the last, as two hosts would.
 
+Beside the wall time, each side's CPU time per round trip (``hub_cpu_us``: this process, the
+hub's or the baseline's end, with every thread it runs; ``echo_cpu_us``: the echo process),
+read from each process's own CPU-time clock over each timed block, median over blocks: a
+figure that does not depend on how fast the machine's CPUs wake up.
+
 ``python -m tensorwire.bench.latency echo KIND ARGS...`` is an echo process.
 """
 
@@ -41,6 +46,7 @@ from typing import Any
 import numpy as np
 
 import tensorwire
+from tensorwire.bench.cpu_time import cpu_clock
 from tensorwire.bench.progress import progress_bar
 from tensorwire.bench.transfer import _CPUS, pinned_sender, random_tensor
 from tensorwire.transports.registry import listed_transports
@@ -309,13 +315,28 @@ def stop_trial(trial: PingTrial) -> None:
             trial.proc.wait(timeout=30)
 
 
-def _block(trial: PingTrial, arr: np.ndarray, round_trips: int) -> list[float]:
+@dataclass
+class Block:
+    """One timed block of a trial: each round trip's wall seconds, and the CPU seconds per
+    round trip of this process (``hub_cpu_s``) and of the echo process (``echo_cpu_s``)."""
+
+    times: list[float]
+    hub_cpu_s: float
+    echo_cpu_s: float
+
+
+def _block(trial: PingTrial, arr: np.ndarray, round_trips: int) -> Block:
+    hub_cpu = cpu_clock()
+    echo_cpu = cpu_clock(trial.proc.pid) if trial.proc is not None else hub_cpu
     times = []
+    hub_start, echo_start = hub_cpu(), echo_cpu()
     for _ in range(round_trips):
         t = time.perf_counter()
         trial.once(arr)
         times.append(time.perf_counter() - t)
-    return times
+    hub_s, echo_s = hub_cpu() - hub_start, echo_cpu() - echo_start
+    per = max(round_trips, 1)  # a warm-up of none
+    return Block(times, hub_s / per, echo_s / per)
 
 
 def bench_latency(
@@ -346,7 +367,7 @@ def bench_latency(
             arr = random_tensor((nbytes // 4,), "float32")
             for trial in trials:
                 _block(trial, arr, warmup)
-            blocks: dict[str, list[list[float]]] = {t.name: [] for t in trials}
+            blocks: dict[str, list[Block]] = {t.name: [] for t in trials}
             for r in range(repeat):
                 bar.update(task, description=f"{nbytes} B, round {r + 1}/{repeat}")
                 for trial in trials:
@@ -357,13 +378,13 @@ def bench_latency(
 
 
 def _rows(
-    nbytes: int, trials: list[PingTrial], blocks: dict[str, list[list[float]]]
+    nbytes: int, trials: list[PingTrial], blocks: dict[str, list[Block]]
 ) -> list[dict[str, Any]]:
-    medians = {name: [statistics.median(b) for b in bs] for name, bs in blocks.items()}
+    medians = {name: [statistics.median(b.times) for b in bs] for name, bs in blocks.items()}
     rows = []
     for trial in trials:
         mine = medians[trial.name]
-        every = sorted(t for b in blocks[trial.name] for t in b)
+        every = sorted(t for b in blocks[trial.name] for t in b.times)
         ratio = None
         if trial.baseline in medians:
             base = medians[trial.baseline]
@@ -378,6 +399,8 @@ def _rows(
                 "median_us": statistics.median(mine) * 1e6,
                 "p99_us": every[min(len(every) - 1, int(0.99 * len(every)))] * 1e6,
                 "min_us": every[0] * 1e6,
+                "hub_cpu_us": statistics.median(b.hub_cpu_s for b in blocks[trial.name]) * 1e6,
+                "echo_cpu_us": statistics.median(b.echo_cpu_s for b in blocks[trial.name]) * 1e6,
                 "baseline": trial.baseline or "",
                 "time_vs_baseline": ratio,
                 "target": TARGETS.get(trial.name),

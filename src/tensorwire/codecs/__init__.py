@@ -13,6 +13,7 @@ from tensorwire.codecs.abc import DEFAULT_MAX_DECODED_SIZE, Codec
 from tensorwire.codecs.auto import AutoCodec, CodecEstimate
 from tensorwire.codecs.blocked import BlockedCodec
 from tensorwire.codecs.blosc2 import Blosc2
+from tensorwire.codecs.fixed_chain import FixedChainSelector
 from tensorwire.codecs.lossy import (
     BF16,
     DGC,
@@ -30,7 +31,7 @@ from tensorwire.codecs.lossy import (
 )
 from tensorwire.codecs.lz4 import LZ4
 from tensorwire.codecs.registry import available_codecs, get_codec, register_codec
-from tensorwire.codecs.resolve import NAMED_CODEC_MIN_SIZE, FixedChainSelector, resolve_codecs
+from tensorwire.codecs.resolve import NAMED_CODEC_MIN_SIZE, resolve_codecs
 from tensorwire.codecs.threads import get_threads, set_threads
 from tensorwire.codecs.zlib import Zlib
 from tensorwire.codecs.zstd import Zstd

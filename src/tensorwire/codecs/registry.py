@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from tensorwire.codecs.abc import Codec, short_repr
 from tensorwire.errors import CodecConfigError, CodecDataError, UnknownCodec
+from tensorwire.plugins import CODECS, load_group
 
 _codecs: dict[str, type[Codec]] = {}
 
@@ -26,7 +27,9 @@ def register_codec(cls: C) -> C:
 
 
 def available_codecs() -> list[str]:
-    """Return the ids of the codecs this process can decode, sorted (sent to peers)."""
+    """Return the ids of the codecs this process can decode, sorted (sent to peers), those
+    of installed plugins (entry points ``tensorwire.codecs``) included."""
+    load_group(CODECS, register_codec)
     return sorted(_codecs)
 
 
@@ -42,6 +45,9 @@ def get_codec(config: Mapping[str, Any]) -> Codec:
     if not isinstance(codec_id, str):
         raise CodecDataError(f"a codec config needs a string 'id', got {short_repr(codec_id)}")
     cls = _codecs.get(codec_id)
+    if cls is None:
+        load_group(CODECS, register_codec)
+        cls = _codecs.get(codec_id)
     if cls is None:
         raise UnknownCodec(
             f"unknown codec {short_repr(codec_id)}; this process knows {', '.join(sorted(_codecs))}"

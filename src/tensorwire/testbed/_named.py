@@ -7,6 +7,13 @@ kernel drops the lock when the process dies, however it dies. A namespace, root-
 or nftables table whose prefix has no held lock is stale and is removed, processes and all:
 by the next testbed that opens, and, when the owner was killed, at once by a process that
 waits for its death (:func:`sweep_when_free`, started by ``create``).
+
+A held lock must mean a live testbed, so sweeps run one at a time, under
+``/run/tensorwire-testbed/sweep.lock``, and so does a testbed taking its own lock: a sweep
+never sees another sweep's hold on a dead testbed's lock (which it would take for a live
+testbed's, and leave that testbed's leftovers and lock file for later), nor a new testbed's
+lock file before it is locked (which it would take for a dead one's and remove). A sweep
+never creates a lock file: one that is gone was removed by its owner or an earlier sweep.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pyroute2 import IPRoute, netns
@@ -29,6 +36,7 @@ from tensorwire.testbed._tools import find_tool, require_tool
 from tensorwire.testbed.errors import TestbedError
 
 LOCK_DIR = Path("/run/tensorwire-testbed")
+SWEEP_LOCK = LOCK_DIR / "sweep.lock"  # never removed; not a testbed's (no BASE_PREFIX)
 NETNS_DIR = "/run/netns"
 
 
@@ -53,7 +61,8 @@ class NamedNamespaces:
     def create(self) -> dict[str, Netns]:
         """Create the namespaces; :class:`TestbedError` if the prefix belongs to a live testbed."""
         ip = require_tool("ip")
-        self._lock = _take_lock(self.prefix)
+        with _sweeping():
+            self._lock = _take_lock(self.prefix)
         if self._lock is None:
             raise TestbedError(f"prefix {self.prefix!r} is in use by a running testbed")
         # killed before destroy: the lock drops, and this sweeps what it made (and any stale)
@@ -85,17 +94,24 @@ class NamedNamespaces:
 
 def remove_stale() -> list[str]:
     """Remove namespaces, root-namespace links and nftables tables with the base prefix whose
-    testbed is gone (its lock is not held); return the names removed."""
+    testbed is gone (its lock is not held); return the names removed. Waits for a sweep in
+    progress in another process."""
+    with _sweeping():
+        return _remove_stale_now()
+
+
+def _remove_stale_now() -> list[str]:
+    """:func:`remove_stale`'s work, for a caller that holds the sweep lock."""
     removed: list[str] = []
-    stale: dict[str, int | None] = {}  # prefix -> its lock fd while we hold it
+    stale: dict[str, tuple[bool, int | None]] = {}  # prefix -> gone?, its lock fd if we hold it
 
     def is_stale(name: str) -> bool:
         prefix = prefix_of(name)
         if prefix is None:
             return False
         if prefix not in stale:
-            stale[prefix] = _take_lock(prefix)
-        return stale[prefix] is not None
+            stale[prefix] = _lock_of_dead(prefix)
+        return stale[prefix][0]
 
     try:
         names = [n for n in netns.listnetns() if is_stale(n)]
@@ -110,17 +126,14 @@ def remove_stale() -> list[str]:
                         removed.append(ifname)
         removed += _remove_stale_tables(is_stale)
     finally:
-        for prefix, fd in stale.items():
+        for prefix, (_, fd) in stale.items():
             if fd is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(_lock_path(prefix))
-                os.close(fd)
+                _remove_lock(prefix, fd)
     if LOCK_DIR.is_dir():
         for lock in LOCK_DIR.glob(f"{BASE_PREFIX}*.lock"):
-            fd = _take_lock(lock.name.removesuffix(".lock"))
-            if fd is not None:
-                lock.unlink(missing_ok=True)
-                os.close(fd)
+            prefix = lock.name.removesuffix(".lock")
+            if (fd := _lock_of_dead(prefix)[1]) is not None:
+                _remove_lock(prefix, fd)
     return removed
 
 
@@ -160,13 +173,23 @@ def _lock_path(prefix: str) -> Path:
     return LOCK_DIR / f"{prefix}.lock"
 
 
-def _take_lock(prefix: str) -> int | None:
-    """The fd of ``prefix``'s lock file, exclusively locked; None if a live process holds it."""
+@contextlib.contextmanager
+def _sweeping() -> Iterator[None]:
+    """Hold the sweep lock: one sweep (or one testbed taking its lock) at a time, machine-wide."""
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(_lock_path(prefix), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(SWEEP_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a sweep's steps are bounded: nft and ip time out
+        yield
+    finally:
+        os.close(fd)
+
+
+def _take_lock(prefix: str) -> int | None:
+    """The fd of ``prefix``'s lock file, made and exclusively locked, with this process's pid
+    in it; None if a live process holds it. Called with the sweep lock held."""
+    fd = os.open(_lock_path(prefix), os.O_RDWR | os.O_CREAT, 0o644)
+    if not _flock(fd):
         os.close(fd)
         return None
     os.ftruncate(fd, 0)
@@ -174,13 +197,52 @@ def _take_lock(prefix: str) -> int | None:
     return fd
 
 
+def _lock_of_dead(prefix: str) -> tuple[bool, int | None]:
+    """Whether ``prefix``'s testbed is gone, and the fd of its lock file, locked, if the file
+    is still there. Never creates the file: with none, or one unlinked while we locked it,
+    its owner or an earlier sweep removed it. Called with the sweep lock held."""
+    path = _lock_path(prefix)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return True, None
+    if not _flock(fd):
+        os.close(fd)
+        return False, None
+    try:
+        here = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        here = False
+    if not here:
+        os.close(fd)
+        return True, None
+    return True, fd
+
+
+def _flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _remove_lock(prefix: str, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_lock_path(prefix))
+    os.close(fd)
+
+
 def sweep_when_free(prefix: str, wait: float = 10.0) -> list[str]:
     """:func:`remove_stale`, once ``prefix``'s lock is free: what runs after a testbed's owner
     was killed (the end of file that starts it may come while the dying owner still closes
     its files, the lock's among them)."""
     deadline = time.monotonic() + wait
-    while (fd := _take_lock(prefix)) is None and time.monotonic() < deadline:
+    while True:
+        with _sweeping():
+            gone, fd = _lock_of_dead(prefix)
+            if fd is not None:
+                os.close(fd)  # the sweep takes it again, under the same sweep lock
+            if gone or time.monotonic() >= deadline:
+                return _remove_stale_now()
         time.sleep(0.05)
-    if fd is not None:
-        os.close(fd)
-    return remove_stale()

@@ -1,11 +1,11 @@
 """``mem://NAME``: a hub and its channels in one process (threads), over in-memory queues.
 
-For what sits above the transports (fl, bench, user code under test) where sockets are not the
-point. Every message is encoded and decoded as on a wire and every session is the same
-(hello, welcome, per-device keys checked); nothing leaves the process, so nothing is encrypted
-(TLS settings are accepted and unused, as on shm://). A channel's message is taken by the hub
-on the sending thread; the hub's messages wait in a bounded queue per channel, so a channel
-that stops reading holds up only sends to itself, each until its deadline.
+For what sits above the transports (fl, bench, code under test) where sockets are not the
+point. Messages are encoded and decoded as on a wire and sessions are the same (hello,
+welcome, device keys checked); nothing leaves the process, so nothing is encrypted (TLS
+settings are accepted and unused, as on shm://). A channel's message is taken by the hub on
+the sending thread; the hub's wait in a bounded inbox per channel, so a channel that stops
+reading holds up only sends to itself, each until its deadline.
 """
 
 from __future__ import annotations
@@ -14,20 +14,12 @@ import contextlib
 import threading
 import time
 import weakref
-from collections import deque
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
-from tensorwire.transports.base import (
-    BYE_TIMEOUT,
-    Channel,
-    ChannelOptions,
-    Hub,
-    HubOptions,
-    deadline_after,
-    remaining,
-)
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
+from tensorwire.transports import base
+from tensorwire.transports.base import Channel, ChannelOptions, Hub, HubOptions, Inbox
 from tensorwire.transports.session import (
     HELLO_LIMITS,
     Closed,
@@ -48,60 +40,22 @@ _hubs_lock = threading.Lock()
 
 def _name(url: str) -> str:
     query_options(url, ())
-    name = urlsplit(url).netloc
-    if not name:
+    if not urlsplit(url).netloc:
         raise TransportError(f"{url!r} names no hub: write it as mem://NAME")
-    return name
-
-
-class _Queue:
-    """The hub's messages to one channel, encoded; closing wakes a waiting reader."""
-
-    def __init__(self) -> None:
-        self._items: deque[bytes] = deque()
-        self._cond = threading.Condition()
-        self.closed = False
-
-    def put(self, data: bytes, deadline: float | None) -> None:
-        with self._cond:
-            while len(self._items) >= QUEUE_MESSAGES and not self.closed:
-                if remaining(deadline) == 0.0:
-                    raise TransportTimeout("the channel did not read its messages in time")
-                self._cond.wait(remaining(deadline))
-            if self.closed:
-                raise PeerGone("the channel is gone")
-            self._items.append(data)
-            self._cond.notify_all()
-
-    def get(self, deadline: float | None) -> bytes:
-        with self._cond:
-            while not self._items:
-                if self.closed:
-                    raise PeerGone("the hub closed the connection")
-                if remaining(deadline) == 0.0:
-                    raise TransportTimeout("no message from the hub in time")
-                self._cond.wait(remaining(deadline))
-            data = self._items.popleft()
-            self._cond.notify_all()
-            return data
-
-    def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+    return urlsplit(url).netloc
 
 
 class _Connection:
-    """One channel's session with the hub."""
+    """One channel's session with the hub, and the hub's messages waiting for it."""
 
     def __init__(self, hub: MemHub) -> None:
         self.hub = hub
         self.session = HubSession(**hub._session_options())
-        self.to_channel = _Queue()
+        self.to_channel = Inbox(QUEUE_MESSAGES)
         self.name = f"mem-connection-{id(self):x}"
 
     def hang_up(self, reason: str) -> None:
-        self.to_channel.close()
+        self.to_channel.fail(PeerGone(f"the connection ended: {reason}"))
         if self.session.client_id is not None:
             self.hub._left(self.session.client_id, reason, session=self)
 
@@ -127,30 +81,29 @@ class MemHub(Hub):
         return _Connection(self)
 
     def _take(self, conn: _Connection, data: bytes) -> None:
-        """What a channel sent, on its own thread: the hello, data, or its goodbye."""
+        """What a channel sent, on its own thread: its hello, data, or its goodbye."""
         started = time.perf_counter()
         opening = conn.session.client_id is None
         try:
             if opening:
                 msg = decode_message(data, limits=HELLO_LIMITS, copy=True)
-                event = conn.session.receive(msg)
             else:
                 msg = self._decode_whole(data, started)
-                event = conn.session.receive(msg)
+            event = conn.session.receive(msg)
         except SessionRefused as exc:
             self._refused(conn.name, exc)
-            conn.to_channel.put(HubSession.refusal(exc).to_bytes(), None)
-            conn.to_channel.close()
+            conn.to_channel.put(HubSession.refusal(exc).to_bytes())
+            conn.hang_up("refused")
             return
         except WireError as exc:
             if opening:
                 self._refused(conn.name, exc)
-                conn.to_channel.close()
+                conn.hang_up("no hello")
             else:
                 self._rejected(conn.session.client_id or conn.name, exc)
             return
         if isinstance(event, Joined):
-            conn.to_channel.put(conn.session.welcome().to_bytes(), None)
+            conn.to_channel.put(conn.session.welcome().to_bytes())
             self._joined(event.client_id, event.hello.decoders, conn, event.hello.max_message_bytes)
         elif isinstance(event, Data):
             self._delivered(conn.session.client_id or conn.name, msg)
@@ -172,12 +125,12 @@ class MemHub(Hub):
         for conn in connections:
             if isinstance(conn, _Connection):
                 with contextlib.suppress(OSError):
-                    conn.to_channel.put(bye().to_bytes(), deadline_after(BYE_TIMEOUT))
-                conn.to_channel.close()
+                    conn.to_channel.put(bye().to_bytes(), base.deadline_after(base.BYE_TIMEOUT))
+                conn.to_channel.fail(PeerGone(f"the hub at {self.url} closed"))
 
 
 class MemChannel(Channel):
-    """A channel to the hub of this process named in its URL."""
+    """A channel to the hub of this process that its URL names."""
 
     protocol = "mem"
     options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
@@ -195,29 +148,26 @@ class MemChannel(Channel):
         conn = hub._accept()
         session = self._client_session(f"the hub at {self.url}")
         hub._take(conn, session.hello().to_bytes())
-        while True:
+        event = None
+        while not isinstance(event, Welcomed):
             try:
                 event = session.receive(decode_message(conn.to_channel.get(deadline), copy=True))
             except BaseException:
                 conn.hang_up("its hello went unanswered")
                 raise
-            if isinstance(event, Welcomed):
-                break
         self._conn, self._session = conn, session
         # a channel dropped without close() leaves as a killed process's connection would
         self._finalizer = weakref.finalize(self, conn.hang_up, "its channel is gone")
         return event
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
-        if self._closed:
-            raise PeerGone("channel is closed; call reconnect()")
-        if self._conn.to_channel.closed:
-            raise PeerGone(f"the hub at {self.url} is gone; call reconnect()")
+        if self._closed or self._conn.to_channel.failed:
+            raise PeerGone(f"the channel to {self.url} is closed; call reconnect()")
         self._conn.hub._take(self._conn, enc.to_bytes())
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         if self._closed:
-            raise PeerGone("channel is closed; call reconnect()")
+            raise PeerGone(f"the channel to {self.url} is closed; call reconnect()")
         while True:
             data = self._conn.to_channel.get(deadline)
             try:

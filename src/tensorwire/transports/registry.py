@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tensorwire.errors import MissingDependency, UnknownScheme
+from tensorwire.plugins import TRANSPORTS, load_group
 
 LOOPBACK = "127.0.0.1"
 
@@ -227,21 +228,36 @@ def unregister_transport(scheme: str) -> TransportEntry:
         raise UnknownScheme(f"no transport registered for {scheme}://") from None
 
 
+def _register_plugin(entry: object) -> None:
+    if not isinstance(entry, TransportEntry):
+        raise TypeError(f"a {TRANSPORTS} entry point names a TransportEntry, not {entry!r}")
+    register_transport(entry)
+
+
+def _with_plugins() -> dict[str, TransportEntry]:
+    """The registry, with the transports of installed plugins (entry points
+    ``tensorwire.transports``) in it."""
+    load_group(TRANSPORTS, _register_plugin)
+    return _TRANSPORTS
+
+
 def transports() -> list[TransportEntry]:
-    """Every registered transport, in registration order."""
-    return list(_TRANSPORTS.values())
+    """Every registered transport, in registration order (plugins' after the built-in ones)."""
+    return list(_with_plugins().values())
 
 
 def by_scheme(scheme: str) -> TransportEntry | None:
     """The transport of URL scheme ``scheme`` (exactly), or None."""
-    return _TRANSPORTS.get(scheme)
+    entry = _TRANSPORTS.get(scheme)
+    return entry if entry is not None else _with_plugins().get(scheme)
 
 
 def find_transport(key: str) -> TransportEntry | None:
     """The transport whose scheme or name is ``key`` (``zmq+tcp`` or ``zmq``), or None."""
-    entry = _TRANSPORTS.get(key)
+    every = _with_plugins()
+    entry = every.get(key)
     if entry is None:
-        entry = next((e for e in _TRANSPORTS.values() if e.name == key), None)
+        entry = next((e for e in every.values() if e.name == key), None)
     return entry
 
 
@@ -258,7 +274,7 @@ def listed_transports() -> list[TransportEntry]:
     """The transports 'all' means in benchmarks and the CLI: every registered one but the
     TLS-only forms of others (:attr:`TransportEntry.tls_form_of`) and those of one process
     (:attr:`TransportEntry.in_process`)."""
-    return [e for e in _TRANSPORTS.values() if e.tls_form_of is None and not e.in_process]
+    return [e for e in _with_plugins().values() if e.tls_form_of is None and not e.in_process]
 
 
 def bench_protocols() -> dict[str, TransportEntry]:
@@ -267,7 +283,7 @@ def bench_protocols() -> dict[str, TransportEntry]:
 
 
 def unknown_scheme(url: str) -> UnknownScheme:
-    known = ", ".join(f"{s}://" for s in _TRANSPORTS)
+    known = ", ".join(f"{s}://" for s in _with_plugins())
     return UnknownScheme(f"no transport for {url!r}; known schemes: {known}")
 
 
@@ -286,10 +302,10 @@ class KnownTransports(MutableMapping[str, dict[str, str | None]]):
         del _TRANSPORTS[scheme]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(_TRANSPORTS))
+        return iter(list(_with_plugins()))
 
     def __len__(self) -> int:
-        return len(_TRANSPORTS)
+        return len(_with_plugins())
 
     def __repr__(self) -> str:
         return f"KnownTransports({dict(self)!r})"

@@ -24,10 +24,10 @@ import xxhash
 
 from tensorwire.errors import MalformedHeader, TruncatedMessage
 from tensorwire.wire.codec import CodecLookup
-from tensorwire.wire.decoder import (
-    _DEFAULT_POOL,
-    Message,
-    _check_digest,
+from tensorwire.wire.decoder.message import Message
+from tensorwire.wire.decoder.tensor import (
+    DEFAULT_POOL,
+    check_digest,
     decode_chain,
     output_array,
     resolve_chain,
@@ -131,13 +131,13 @@ def decode_partial(
         name = "/".join(spec.path)
         if not lost:
             if plan.digests and not holes.lost(b, offset):
-                _check_digest(spec, xxhash.xxh3_64_intdigest(mv[a:b]), mv[b:offset])
+                check_digest(spec, xxhash.xxh3_64_intdigest(mv[a:b]), mv[b:offset])
             if not chain and (out is None or spec.path not in out):
                 arr = np.frombuffer(mv[a:b], spec.dtype).reshape(spec.shape, order=spec.order)
             else:
                 arr = output_array(spec, out)
                 if chain:
-                    decode_chain(spec, chain, mv[a:b], byte_view(arr, spec.order), _DEFAULT_POOL)
+                    decode_chain(spec, chain, mv[a:b], byte_view(arr, spec.order), DEFAULT_POOL)
                 else:
                     byte_view(arr, spec.order)[:] = mv[a:b]
             loss[name] = 0.0

@@ -157,3 +157,10 @@ def proxied_url(hub_url: str, port: int) -> str:
     """The hub's URL as reached through a proxy on 127.0.0.1:``port`` (the hub's certificate
     carries 127.0.0.1, so TLS verifies through it)."""
     return f"flight://127.0.0.1:{port}"
+
+
+def later_hub_url(request) -> str:
+    """A URL a channel may dial before its hub serves on it (a port held for the test)."""
+    from scheme_hooks import held_port_url
+
+    return held_port_url(request, "flight")

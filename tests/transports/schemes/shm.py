@@ -133,3 +133,8 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     socks += [_connect(hub_url) for _ in range(100)]
     for sock in socks:
         sock.close()
+
+
+def later_hub_url(request) -> str:
+    """A name a channel can dial before a hub serves it."""
+    return hub_url(request)

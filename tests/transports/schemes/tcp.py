@@ -68,3 +68,10 @@ def proxy_target(hub_url: str) -> tuple[str, int]:
 def proxied_url(hub_url: str, port: int) -> str:
     """The hub's URL as reached through a proxy on 127.0.0.1:``port``."""
     return f"tcp://127.0.0.1:{port}"
+
+
+def later_hub_url(request) -> str:
+    """A URL a channel may dial before its hub serves on it (a port held for the test)."""
+    from scheme_hooks import held_port_url
+
+    return held_port_url(request, "tcp")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from tensorwire.codecs.abc import Codec, short_repr
+from tensorwire.codecs.fixed_chain import FixedChainSelector
 from tensorwire.codecs.lossy.base import LOSSY_MIN_SIZE, LossyCodec, float_dtype_name
 from tensorwire.codecs.lossy.cast import BF16, FP16
 from tensorwire.codecs.lossy.dgc import DGC
@@ -18,7 +19,6 @@ from tensorwire.codecs.lossy.randomk import RandomK
 from tensorwire.codecs.lossy.signsgd import SignSGD
 from tensorwire.codecs.lossy.topk import TopK
 from tensorwire.codecs.registry import get_codec
-from tensorwire.codecs.resolve import FixedChainSelector
 from tensorwire.codecs.zstd import Zstd
 from tensorwire.errors import CodecConfigError, TensorwireError
 from tensorwire.wire.codec import CodecSelector

@@ -15,18 +15,29 @@ class Inbox:
 
     ``put`` a message; ``fail(exc)`` makes every later ``get`` raise ``exc`` once the queued
     messages are taken (the connection ended); ``get(deadline)`` raises
-    :class:`TransportTimeout` when the deadline passes first.
+    :class:`TransportTimeout` when the deadline passes first. With ``max_items``, a ``put``
+    into a full inbox waits for room until its deadline (a reader that stops reading holds up
+    its writer, not memory), and raises the failure once there is one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_items: int | None = None) -> None:
         self._items: deque[Any] = deque()
         self._cond = threading.Condition()
         self._error: Exception | None = None
+        self._max = max_items
 
-    def put(self, item: Any) -> None:
+    def put(self, item: Any, deadline: float | None = None) -> None:
         with self._cond:
+            if self._max is not None:
+                while len(self._items) >= self._max and self._error is None:
+                    left = remaining(deadline)
+                    if left == 0.0:
+                        raise TransportTimeout("the reader did not take its messages in time")
+                    self._cond.wait(left)
+                if self._error is not None:
+                    raise self._error.with_traceback(None)
             self._items.append(item)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def fail(self, exc: Exception) -> None:
         with self._cond:
@@ -47,6 +58,8 @@ class Inbox:
                 if left == 0.0:
                     raise TransportTimeout("no message from the hub in time")
                 self._cond.wait(left)
+            if self._max is not None:
+                self._cond.notify_all()  # a writer may wait for room
             return self._items.popleft()
 
     def __len__(self) -> int:

@@ -12,7 +12,8 @@ messages need: delivery and order (a NACK or ack is never lost, so no retry time
 that vanishes is noticed when its connection drops, and its kernel measures the RTT the
 best-effort timers are derived from. ``docs/transports/udp.md`` specifies all of it.
 
-Modes (the hub's applies to the whole session; see ``link.py``):
+Modes (the hub's applies to the whole session; see ``flow.py``, ``sending.py`` and
+``receiving.py``):
 
 - ``reliable`` (default): selective NACK and resend until the receiver has every chunk;
   the message arrives bit-exact.
@@ -26,7 +27,7 @@ Modes (the hub's applies to the whole session; see ``link.py``):
 CAP_NET_ADMIN only).
 
 With ``tls=`` (and ``auth=`` keys on the hub, ``key=`` on the client) only enrolled clients
-join, the control link runs TLS 1.3 and every datagram is sealed with AES-256-GCM under a key
+join, the control connection runs TLS 1.3 and every datagram is sealed with AES-256-GCM under a key
 agreed on it (``secure.py``; ``docs/transports/udp.md`` section 13).
 """
 

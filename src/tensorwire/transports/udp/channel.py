@@ -13,20 +13,19 @@ import select
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
 from tensorwire.transports.base import (
+    BYE_TIMEOUT,
     Channel,
+    ChannelOptions,
     Inbox,
     deadline_after,
-    default_client_id,
-    dial,
     remaining,
 )
-from tensorwire.transports.security import TLS
 from tensorwire.transports.session import (
     CONTROL_KINDS,
     ClientSession,
@@ -35,8 +34,10 @@ from tensorwire.transports.session import (
     bye,
 )
 from tensorwire.transports.stream_socket import sendmsg_all, wait_ready
-from tensorwire.transports.udp.link import Link, UdpStats, control_limits, decode_received
+from tensorwire.transports.udp.flow import Flow
+from tensorwire.transports.udp.flow_base import control_limits
 from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.transports.udp.loss import decode_received
 from tensorwire.transports.udp.options import MODES, parse_udp_url
 from tensorwire.transports.udp.secure import (
     DATAGRAM_KEY_BYTES,
@@ -53,10 +54,10 @@ from tensorwire.transports.udp.sockets import (
     connected_udp,
     drain,
 )
-from tensorwire.wire import EncodedMessage, Limits, Message
+from tensorwire.transports.udp.stats import UdpStats
+from tensorwire.wire import EncodedMessage, Message
 from tensorwire.wire.tensors import TensorPath, flatten
 
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at the control
 
 
@@ -125,7 +126,7 @@ def _hub_udp_port(welcome: Welcomed, default: int) -> int:
 
 
 class UdpChannel(Channel):
-    """A client of a :class:`UdpHub`; retries reaching it for ``timeout`` seconds.
+    """A client of a :class:`UdpHub`; retries reaching it for ``timeouts.connect`` seconds.
 
     The hub's mode applies (a ``mode=`` in this URL must agree with it). In best-effort
     mode, :meth:`recv` decodes into the previous message's arrays unless given ``out=``, so
@@ -133,54 +134,43 @@ class UdpChannel(Channel):
     tensor (in either mode), and a message the hub sent whose header or half whose bytes
     were lost raises ``TruncatedMessage`` (the next ``recv`` goes on). ``udp_stats`` counts
     datagrams, retransmits and losses; ``errors`` keeps what was dropped (bad chunks, and
-    datagrams that do not verify). ``tls=`` runs the control link under TLS and seals the
+    datagrams that do not verify). ``tls=`` runs the control connection under TLS and seals the
     datagrams; ``key=`` (the enrolled secret) proves this client's id to a hub with keys.
     """
 
     protocol = "udp"
+    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
+    options: ChannelOptions
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
+    def __init__(self, url: str, options: ChannelOptions) -> None:
+        super().__init__(url, options)
         self._host, self._port, self.settings = parse_udp_url(url)
-        self.client_id = client_id or default_client_id()
         self.mode = self.settings.mode or "reliable"
-        self._credentials(tls, key)
-        self._ssl = None if tls is None else tls.client_context()
+        self._ssl = None if self.tls is None else self.tls.client_context()
         if self._ssl is not None:
             check_sealed_mtu(self.settings.mtu)
         self.udp_stats = UdpStats()
         self._rxbuf = bytearray(MAX_DATAGRAM)
-        self._closed = True
-        self.reconnect(timeout)
+        self.reconnect()
 
     # -- connecting ----------------------------------------------------------------------
 
-    def _open(self, deadline: float | None) -> _Connection:
+    def _open(self, deadline: float | None) -> Welcomed:
         control = socket.create_connection((self._host, self._port), timeout=remaining(deadline))
         try:
             control.settimeout(None)  # blocking: deadlines are per call, never the socket's
             control.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             udp = connected_udp(self._host, self._port, self.settings.buffer)
             try:
-                return self._hello(control, udp, deadline)
+                conn = self._hello(control, udp, deadline)
             except BaseException:
                 udp.close()
                 raise
         except BaseException:
             _close(control)
             raise
+        self._start(conn)
+        return conn.welcome
 
     def _hello(
         self, control: socket.socket, udp: socket.socket, deadline: float | None
@@ -218,7 +208,7 @@ class UdpChannel(Channel):
                 f"mode={self.settings.mode}: use the hub's URL"
             )
         port = _hub_udp_port(welcome, self._port)
-        if port != self._port:  # the control link reaches the hub through a proxy, say
+        if port != self._port:  # the control connection reaches the hub through a proxy, say
             peer = udp.getpeername()
             udp.connect((peer[0], port, *peer[2:]))
         seal = None
@@ -229,19 +219,14 @@ class UdpChannel(Channel):
             seal = DatagramSeal(datagram_key(welcome_key, session.key), hub=False)
         return _Connection(control, udp, reader, session, welcome, items[1:], rtt, seal)
 
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)join the hub with the same client id, over new sockets."""
-        if not self._closed:
-            self._drop()
-        conn = dial(self._open, what=self.url, timeout=timeout)
+    def _start(self, conn: _Connection) -> None:
+        """Run the session a hello opened: its flow, and the I/O loop that drives it."""
         self.mode = conn.welcome.meta["mode"]
-        self.hub_decoders = conn.welcome.decoders
-        self.hub_max_bytes = conn.welcome.max_message_bytes
         self._udp = conn.udp
         self._inbox = Inbox()
         self._previous: dict[TensorPath, np.ndarray] | None = None
-        self._loop = IoLoop(f"tensorwire-udp-{self.client_id}", lambda now: self._link.tick(now))
-        self._link = Link(
+        self._loop = IoLoop(f"tensorwire-udp-{self.client_id}", lambda now: self._flow.tick(now))
+        self._flow = Flow(
             label="hub",
             mode=self.mode,
             options=self.settings,
@@ -261,7 +246,6 @@ class UdpChannel(Channel):
         self._loop.add(conn.control, self._on_control)
         if conn.rest:
             self._loop.call(lambda: self._handle_control(conn.rest))
-        self._closed = False
         self._loop.start()
 
     # -- I/O thread ------------------------------------------------------------------------
@@ -271,7 +255,7 @@ class UdpChannel(Channel):
 
     def _on_datagram(self, view: memoryview, sender: tuple[str, int], now: float) -> None:
         try:
-            self._link.on_datagram(view, now)
+            self._flow.on_datagram(view, now)
         except WireError as exc:
             self._rejected(exc)
         except PeerGone:
@@ -285,7 +269,7 @@ class UdpChannel(Channel):
     def _on_control(self) -> None:
         self._drain()  # datagrams sent before this control message are counted first
         try:
-            items = self._link.reader.read()
+            items = self._flow.reader.read()
         except PeerGone as exc:
             self._lost(exc)
             return
@@ -293,23 +277,23 @@ class UdpChannel(Channel):
 
     def _handle_control(self, items: list[Message | WireError]) -> None:
         now = time.perf_counter()
-        link = self._link
+        flow = self._flow
         for item in items:
-            if link.closed:
+            if flow.closed:
                 return
             if isinstance(item, WireError):
                 self._rejected(item)
-                if link.reader.stream.broken:
+                if flow.reader.stream.broken:
                     self._lost(PeerGone(f"the hub sent bytes that are not a message ({item})"))
                     return
                 continue
             try:
                 if item.kind in CONTROL_KINDS:
-                    if isinstance(link.session.receive(item), Closed):
-                        self._lost(link.session.closed_error())
+                    if isinstance(flow.session.receive(item), Closed):
+                        self._lost(flow.session.closed_error())
                         return
                 else:
-                    link.on_control(item, now)
+                    flow.on_control(item, now)
             except WireError as exc:
                 self._rejected(exc)
             except PeerGone:  # an answer could not be written: the writer's on_broken ends
@@ -317,16 +301,16 @@ class UdpChannel(Channel):
 
     def _lost(self, exc: Exception) -> None:
         """The session ended: fail waiting sends; ``recv`` raises after queued messages."""
-        link = self._link
-        if link.closed:
+        flow = self._flow
+        if flow.closed:
             return
         gone = exc if isinstance(exc, PeerGone) else PeerGone(str(exc))
-        link.flush(time.perf_counter())
-        link.close(gone)
-        self._loop.remove(link.control)
+        flow.flush(time.perf_counter())
+        flow.close(gone)
+        self._loop.remove(flow.control)
         self._loop.remove(self._udp)
         with contextlib.suppress(OSError):  # the hub learns at once that this session ended
-            link.control.shutdown(socket.SHUT_RDWR)
+            flow.control.shutdown(socket.SHUT_RDWR)
         self._inbox.fail(gone)
 
     # -- API ---------------------------------------------------------------------------------
@@ -334,7 +318,7 @@ class UdpChannel(Channel):
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
         if self._closed:
             raise PeerGone("channel is closed; call reconnect()")
-        self._link.send_message(enc, deadline)
+        self._flow.send_message(enc, deadline)
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         if self._closed:
@@ -343,7 +327,7 @@ class UdpChannel(Channel):
             got = self._inbox.get(deadline)
             if isinstance(got, Exception):
                 raise got  # a message the hub announced was lost
-            best_effort = not self._link.reliable
+            best_effort = not self._flow.reliable
             msg = decode_received(self, got, self._previous if out is None and best_effort else out)
             if best_effort:
                 self._previous = dict(flatten(msg.tensors))
@@ -354,21 +338,18 @@ class UdpChannel(Channel):
         """Close the sockets without a goodbye (the hub sees the connection drop)."""
         if self._closed:
             return
-        self._closed = True
         self._loop.stop()
         gone = PeerGone("channel is closed; call reconnect()")
-        self._link.close(gone)
-        _close(self._link.control)
+        self._flow.close(gone)
+        _close(self._flow.control)
         self._udp.close()
         self._inbox.fail(gone)
 
-    def close(self) -> None:
-        """Say goodbye to the hub and close the sockets."""
-        if self._closed:
-            return
-        if not self._link.closed:
+    def _say_goodbye(self) -> None:
+        """Queue ``bye`` on the control connection, stop the I/O loop and give the bye
+        ``BYE_TIMEOUT`` seconds to go out."""
+        if not self._flow.closed:
             with contextlib.suppress(TransportError):  # gone already: nothing to say
-                self._link.writer.write(bye())
+                self._flow.writer.write(bye())
         self._loop.stop()
-        self._link.writer.flush(deadline_after(BYE_TIMEOUT))
-        self._drop()
+        self._flow.writer.flush(deadline_after(BYE_TIMEOUT))

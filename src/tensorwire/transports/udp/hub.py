@@ -4,8 +4,8 @@ same port number for their control connections.
 Each control connection carries one session (``docs/session.md``): its first message, read
 under :data:`~tensorwire.transports.session.HELLO_LIMITS`, is the client's ``hello`` (with
 its ``udp_port``); the hub answers ``welcome`` (with its ``mode`` and UDP port) or
-``refuse``; then the link's ``sent`` / ``ack`` / ``nack`` / ``drop`` flow both ways, and
-``bye`` ends it. Data messages come and go as datagrams (``link.py``). One I/O thread reads
+``refuse``; then its flow's ``sent`` / ``ack`` / ``nack`` / ``drop`` go both ways, and
+``bye`` ends it. Data messages come and go as datagrams (``flow.py``). One I/O thread reads
 every socket; a decode thread turns what it reassembled into messages, in arrival order.
 
 With ``tls=`` the control connections run TLS 1.3 (mutual when the settings name a CA: the
@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports.base import Hub, deadline_after
+from tensorwire.transports.base import Hub, HubOptions, deadline_after
 from tensorwire.transports.security import peer_common_name
 from tensorwire.transports.session import (
     CONTROL_KINDS,
@@ -48,14 +48,10 @@ from tensorwire.transports.session import (
     Joined,
     bye,
 )
-from tensorwire.transports.udp.link import (
-    Link,
-    Received,
-    UdpStats,
-    control_limits,
-    decode_received,
-)
+from tensorwire.transports.udp.flow import Flow
+from tensorwire.transports.udp.flow_base import control_limits
 from tensorwire.transports.udp.loop import IoLoop
+from tensorwire.transports.udp.loss import Received, decode_received
 from tensorwire.transports.udp.options import parse_udp_url
 from tensorwire.transports.udp.secure import (
     DATAGRAM_KEY_BYTES,
@@ -73,6 +69,7 @@ from tensorwire.transports.udp.sockets import (
     drain,
     peer_key,
 )
+from tensorwire.transports.udp.stats import UdpStats
 from tensorwire.wire import EncodedMessage, Message
 from tensorwire.wire.format import MAGIC
 from tensorwire.wire.tensors import TensorPath, flatten
@@ -114,13 +111,14 @@ class UdpHub(Hub):
     Port 0 picks a free one; :attr:`url` has the real port and the options, for clients.
     ``udp_stats`` counts datagrams, retransmits, losses and dropped strangers' (and, secured,
     unverified) datagrams over every client. ``tls=`` / ``auth=`` as for every hub: TLS on
-    the control links, sealed datagrams, enrolled clients only.
+    the control connections, sealed datagrams, enrolled clients only.
     """
 
     protocol = "udp"
+    options_type: ClassVar[type[HubOptions]] = HubOptions
 
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, url: str, options: HubOptions) -> None:
+        super().__init__(url, options)
         host, port, self.settings = parse_udp_url(url, default_port=0)
         self.mode = self.settings.mode or "reliable"
         self._ssl = None if self.tls is None else self.tls.server_context()
@@ -132,8 +130,8 @@ class UdpHub(Hub):
         self.udp_stats = UdpStats()
         self._control_limits = control_limits(self.limits)
         self._lock = threading.Lock()
-        self._links: dict[str, Link] = {}  # client id -> link (read by sender threads)
-        self._by_address: dict[tuple[str, int], Link] = {}  # I/O thread only
+        self._flows: dict[str, Flow] = {}  # client id -> flow (read by sender threads)
+        self._by_address: dict[tuple[str, int], Flow] = {}  # I/O thread only
         self._handshakes: dict[socket.socket, _Handshake] = {}  # I/O thread only
         self._previous: dict[str, dict[TensorPath, np.ndarray]] = {}  # best-effort "out"
         self._rxbuf = bytearray(MAX_DATAGRAM)
@@ -143,7 +141,7 @@ class UdpHub(Hub):
         self._strangers_reported = -STRANGER_REPORT_S  # time.monotonic() of the last report
         # Joins, messages, errors and leaves, in the order the I/O thread saw them.
         self._inbound: queue.SimpleQueue[
-            tuple[Link, Received | WireError | PeerGone | _Joined] | None
+            tuple[Flow, Received | WireError | PeerGone | _Joined] | None
         ] = queue.SimpleQueue()
         self._decoder = threading.Thread(
             target=self._decode_loop, name="tensorwire-udp-decode", daemon=True
@@ -169,8 +167,8 @@ class UdpHub(Hub):
             self._end_handshake(hs)
         for hs in self._handshakes.values():
             soonest = hs.expires - now if soonest is None else min(soonest, hs.expires - now)
-        for link in list(self._by_address.values()):
-            due = link.tick(now)
+        for flow in list(self._by_address.values()):
+            due = flow.tick(now)
             if due is not None:
                 soonest = due if soonest is None else min(soonest, due)
         return None if soonest is None else max(soonest, 0.0)
@@ -179,14 +177,14 @@ class UdpHub(Hub):
         drain(self._udp, self._rxbuf, self._on_datagram, DRAIN_BUDGET)
 
     def _on_datagram(self, view: memoryview, sender: tuple[str, int], now: float) -> None:
-        link = self._by_address.get(sender)
-        if link is None:
+        flow = self._by_address.get(sender)
+        if flow is None:
             self._stranger(sender, len(view))
             return
         try:
-            link.on_datagram(view, now)
+            flow.on_datagram(view, now)
         except WireError as exc:
-            self._rejected(link.label, exc)
+            self._rejected(flow.label, exc)
         except PeerGone:
             pass  # its ack could not be written: the writer's on_broken ends the session
 
@@ -316,9 +314,9 @@ class UdpHub(Hub):
             self._end_handshake(hs)
             return
         assert isinstance(event, Joined)
-        del self._handshakes[hs.sock]  # its connection goes on as the link's
+        del self._handshakes[hs.sock]  # its connection goes on as the flow's
         hs.reader.stream.limits = self._control_limits  # a member now: its control messages
-        self._open_link(hs, event.hello, rest)
+        self._open_flow(hs, event.hello, rest)
 
     @staticmethod
     def _say(hs: _Handshake, enc: EncodedMessage | None) -> bool:
@@ -333,7 +331,7 @@ class UdpHub(Hub):
             return False
         return True
 
-    def _open_link(self, hs: _Handshake, hello: Hello, rest: list[Message | WireError]) -> None:
+    def _open_flow(self, hs: _Handshake, hello: Hello, rest: list[Message | WireError]) -> None:
         cid = hello.client_id
         address = (hs.address[0], hello.meta["udp_port"])
         session = hs.session
@@ -341,7 +339,7 @@ class UdpHub(Hub):
         seal = None
         if hs.welcome_key is not None:
             seal = DatagramSeal(datagram_key(hs.welcome_key, session.key), hub=True)
-        link = Link(
+        flow = Flow(
             label=cid,
             mode=self.mode,
             options=self.settings,
@@ -349,121 +347,121 @@ class UdpHub(Hub):
             address=address,
             reader=hs.reader,
             writer=hs.writer,
-            deliver=lambda item: self._inbound.put((link, item)),
+            deliver=lambda item: self._inbound.put((flow, item)),
             reject=lambda exc: self._rejected(cid, exc),
             stats=self.udp_stats,
             limits=self.limits,
             session=session,
             seal=seal,
         )
-        hs.writer.on_broken = lambda exc: self._broken(link, exc)
+        hs.writer.on_broken = lambda exc: self._broken(flow, exc)
         with self._lock:
-            old = self._links.get(cid)
-            self._links[cid] = link
+            old = self._flows.get(cid)
+            self._flows[cid] = flow
         if old is not None:
             log.info("udp: client %r reconnected from %s; closing its old session", cid, address)
-            self._drop_link(old, "replaced by a new session")
-        self._by_address[peer_key(address)] = link
-        self._loop.set_reader(hs.sock, lambda: self._on_control(link))
-        self._inbound.put((link, _Joined(hello)))
+            self._drop_flow(old, "replaced by a new session")
+        self._by_address[peer_key(address)] = flow
+        self._loop.set_reader(hs.sock, lambda: self._on_control(flow))
+        self._inbound.put((flow, _Joined(hello)))
         try:
-            link.writer.write(session.welcome())
+            flow.writer.write(session.welcome())
         except PeerGone as exc:
-            self._drop_link(link, str(exc))
+            self._drop_flow(flow, str(exc))
             return
-        self._handle_control(link, rest)
+        self._handle_control(flow, rest)
 
-    def _broken(self, link: Link, exc: PeerGone) -> None:
+    def _broken(self, flow: Flow, exc: PeerGone) -> None:
         """Writing to a client failed: take what it said before (an ack, say), then drop it."""
-        self._on_control(link)
-        self._drop_link(link, str(exc))
+        self._on_control(flow)
+        self._drop_flow(flow, str(exc))
 
-    def _on_control(self, link: Link) -> None:
+    def _on_control(self, flow: Flow) -> None:
         self._drain()  # datagrams sent before this control message are counted first
         try:
-            items = link.reader.read()
+            items = flow.reader.read()
         except PeerGone as exc:
-            self._drop_link(link, str(exc))
+            self._drop_flow(flow, str(exc))
             return
-        self._handle_control(link, items)
+        self._handle_control(flow, items)
 
-    def _handle_control(self, link: Link, items: list[Message | WireError]) -> None:
+    def _handle_control(self, flow: Flow, items: list[Message | WireError]) -> None:
         now = time.perf_counter()
         for item in items:
-            if link.closed:
+            if flow.closed:
                 return
             if isinstance(item, WireError):
-                self._rejected(link.label, item)
-                if link.reader.stream.broken:
-                    self._drop_link(link, f"sent bytes that are not a tensorwire message ({item})")
+                self._rejected(flow.label, item)
+                if flow.reader.stream.broken:
+                    self._drop_flow(flow, f"sent bytes that are not a tensorwire message ({item})")
                     return
                 continue
             try:
                 if item.kind in CONTROL_KINDS:
-                    event = link.session.receive(item)
+                    event = flow.session.receive(item)
                     if isinstance(event, Closed):
-                        self._drop_link(link, event.reason)
+                        self._drop_flow(flow, event.reason)
                         return
-                    log.debug("udp: %r: %s", link.label, event)
+                    log.debug("udp: %r: %s", flow.label, event)
                 else:
-                    link.on_control(item, now)
+                    flow.on_control(item, now)
             except WireError as exc:
-                self._rejected(link.label, exc)
+                self._rejected(flow.label, exc)
             except PeerGone:  # an answer could not be written: the writer's on_broken ends
                 continue  # the session once the rest of what the peer said (acks) is taken
 
-    def _drop_link(self, link: Link, reason: str) -> None:
+    def _drop_flow(self, flow: Flow, reason: str) -> None:
         """Forget a client's session (in the I/O thread); it leaves unless it reconnected."""
-        if link.closed:
+        if flow.closed:
             return
-        link.flush(time.perf_counter())
-        link.close(PeerGone(f"client {link.label!r} left: {reason}"))
-        self._loop.remove(link.control)
-        _close(link.control)
-        if self._by_address.get(peer_key(link.address)) is link:
-            del self._by_address[peer_key(link.address)]
+        flow.flush(time.perf_counter())
+        flow.close(PeerGone(f"client {flow.label!r} left: {reason}"))
+        self._loop.remove(flow.control)
+        _close(flow.control)
+        if self._by_address.get(peer_key(flow.address)) is flow:
+            del self._by_address[peer_key(flow.address)]
         with self._lock:
-            current = self._links.get(link.label) is link
+            current = self._flows.get(flow.label) is flow
             if current:
-                del self._links[link.label]
+                del self._flows[flow.label]
         if current:
-            self._inbound.put((link, PeerGone(reason)))  # after its messages, then it leaves
+            self._inbound.put((flow, PeerGone(reason)))  # after its messages, then it leaves
 
     # -- decode thread ---------------------------------------------------------------------
 
     def _decode_loop(self) -> None:
-        """Decode what links deliver, off the I/O thread, in arrival order."""
+        """Decode what flows deliver, off the I/O thread, in arrival order."""
         while (item := self._inbound.get()) is not None:
-            link, got = item
+            flow, got = item
             try:
-                self._take(link, got)
+                self._take(flow, got)
             except Exception as exc:  # an on_join/on_leave callback's, say: go on
-                log.exception("udp: handling %s from %r failed: %s", type(got).__name__, link, exc)
+                log.exception("udp: handling %s from %r failed: %s", type(got).__name__, flow, exc)
 
-    def _take(self, link: Link, got: Received | WireError | PeerGone | _Joined) -> None:
-        cid = link.label
+    def _take(self, flow: Flow, got: Received | WireError | PeerGone | _Joined) -> None:
+        cid = flow.label
         if isinstance(got, _Joined):
             self._previous.pop(cid, None)  # a new session starts from fresh arrays
             hello = got.hello
             self._joined(
-                cid, hello.decoders, session=link, max_message_bytes=hello.max_message_bytes
+                cid, hello.decoders, session=flow, max_message_bytes=hello.max_message_bytes
             )
         elif isinstance(got, PeerGone):
             self._previous.pop(cid, None)
-            self._left(cid, str(got), session=link)
+            self._left(cid, str(got), session=flow)
         elif isinstance(got, WireError):
             self._rejected(cid, got)
         else:
-            self._deliver(link, cid, got)
+            self._deliver(flow, cid, got)
 
-    def _deliver(self, link: Link, cid: str, got: Received) -> None:
-        out = None if link.reliable else self._previous.get(cid)
+    def _deliver(self, flow: Flow, cid: str, got: Received) -> None:
+        out = None if flow.reliable else self._previous.get(cid)
         try:
             msg = decode_received(self, got, out)
         except WireError as exc:
             self._rejected(cid, exc)
             return
-        if not link.reliable:
+        if not flow.reliable:
             self._previous[cid] = dict(flatten(msg.tensors))
         if msg.kind == "data":
             self._delivered(cid, msg)
@@ -472,26 +470,26 @@ class UdpHub(Hub):
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
         with self._lock:
-            link = self._links.get(client_id)
-        if link is None:
+            flow = self._flows.get(client_id)
+        if flow is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        link.send_message(enc, deadline)
+        flow.send_message(enc, deadline)
 
     def _close_transport(self) -> None:
         with self._lock:
-            links = list(self._links.values())
+            flows = list(self._flows.values())
         goodbye = bye("the hub is closing")
-        for link in links:
+        for flow in flows:
             with contextlib.suppress(TransportError):  # gone already: nothing to say
-                link.writer.write(goodbye)
+                flow.writer.write(goodbye)
         self._loop.stop()
         with self._lock:  # the loop may have dropped some since: those are closed already
-            links = list(self._links.values())
+            flows = list(self._flows.values())
         deadline = deadline_after(BYE_TIMEOUT)  # one for all: hung clients cost 1 s in all
-        for link in links:
-            link.writer.flush(deadline)
-            link.close(PeerGone("the hub closed"))
-            _close(link.control)
+        for flow in flows:
+            flow.writer.flush(deadline)
+            flow.close(PeerGone("the hub closed"))
+            _close(flow.control)
         for hs in list(self._handshakes.values()):
             _close(hs.sock)
         self._listener.close()

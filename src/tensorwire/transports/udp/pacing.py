@@ -15,7 +15,7 @@ class TokenBucket:
     """Allows ``rate`` bytes/s on average, in bursts of at most ``burst`` bytes.
 
     :meth:`take` debits a datagram and sleeps exactly as long as the debt needs to be repaid
-    at the rate: the wait is computed, never fixed. Thread-safe: senders sharing a link
+    at the rate: the wait is computed, never fixed. Thread-safe: senders sharing a flow
     share its bucket.
     """
 

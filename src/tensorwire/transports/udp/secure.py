@@ -1,5 +1,6 @@
-"""What udp:// secures with, when ``tls=`` is given: TLS 1.3 on the control link, driven by the
-I/O loop through memory BIOs, and an AEAD seal on every datagram under a key agreed on it.
+"""What udp:// secures with, when ``tls=`` is given: TLS 1.3 on the control connection, driven
+by the I/O loop through memory BIOs, and an AEAD seal on every datagram under a key agreed on
+it.
 
 The control sockets are read by a non-blocking I/O loop that must never wait on one peer, so
 the TLS connection here has no socket of its own (unlike ``stream_socket.TlsStream``, which

@@ -1,5 +1,5 @@
 """Sockets for udp://: big kernel buffers, the hub's UDP + TCP pair on one port, draining
-datagrams, reading and writing control messages without blocking, and the control link's
+datagrams, reading and writing control messages without blocking, and the control connection's
 RTT."""
 
 from __future__ import annotations
@@ -353,7 +353,7 @@ class ControlWriter:
         """Block until the queue is sent (True) or ``deadline`` passes (False); for the last
         goodbye, once the I/O loop has stopped."""
         if self.sock.fileno() < 0:
-            return False  # closed: the link ended meanwhile
+            return False  # closed: the connection ended meanwhile
         poller = select.poll()
         poller.register(self.sock, select.POLLOUT)
         while True:

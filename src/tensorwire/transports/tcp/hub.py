@@ -1,16 +1,8 @@
-"""``tcp://host:port``: one TCP connection per client, messages back to back on it.
+"""The ``tcp://`` hub: a listener, a thread per connection, sends from the caller's thread.
 
-With ``tls=tensorwire.TLS(...)`` the connection opens with a TLS 1.3 handshake (``ssl``), mutual
-when the hub's settings name a CA (the certificate's name is then checked against the hello's
-client id), and then carries AES-128-OCB3 records under keys agreed inside TLS
-(``docs/transports/tcp.md``).
-
-The session (``docs/session.md``) maps onto the connection directly: the client's first
-message is its ``hello``, the hub answers ``welcome`` (or ``refuse`` and closes); then both
-send ``data`` messages, and ``bye`` before closing. Each connection has its own reader thread
-on the hub; sends use ``sendmsg`` scatter-gather from the caller's thread. The socket stays
-blocking (see :mod:`~tensorwire.transports.stream_socket`), so a send's deadline never
-disturbs the reader.
+Each connection has its own thread on the hub (:class:`~tensorwire.transports.sockets.Listener`);
+sends use ``sendmsg`` scatter-gather from the caller's thread. The socket stays blocking (see
+:mod:`~tensorwire.transports.sockets.sendmsg`), so a send's deadline never disturbs the reader.
 
 Reading is a turn (as on ``zmq+tcp://``): while the hub has one client, a thread in
 ``hub.recv`` reads its connection itself and returns the message it completes, so a message
@@ -25,169 +17,84 @@ where ``poll`` cannot see them).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from tensorwire.codecs import get_codec
-from tensorwire.errors import (
-    PeerGone,
-    SessionRefused,
-    TransportError,
-    TransportTimeout,
-    WireError,
-)
-from tensorwire.transports.base import (
-    Channel,
-    Hub,
-    deadline_after,
-    default_client_id,
-    dial,
-    remaining,
-)
-from tensorwire.transports.security import TLS, peer_common_name
-from tensorwire.transports.session import (
-    HELLO_LIMITS,
-    Closed,
-    Data,
-    HubSession,
-    State,
-    Welcomed,
-    bye,
-)
-from tensorwire.transports.stream_socket import (
-    WAKE_BYTES,
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, deadline_after, remaining
+from tensorwire.transports.security import peer_common_name
+from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, State, bye
+from tensorwire.transports.sockets import (
+    Listener,
     ReadInterrupted,
     StreamReader,
+    drain,
+    send_before_close,
     send_encoded,
+    shutdown,
+    tune,
+    wake,
+    waker,
     wrap_tls,
 )
+from tensorwire.transports.tcp.options import TcpHubOptions
+from tensorwire.transports.tcp.peer import Peer
 from tensorwire.transports.url import host_port, query_options
-from tensorwire.wire import EncodedMessage, Limits, Message, MessageStream
+from tensorwire.wire import EncodedMessage, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.tcp")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
-MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
-BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or why not) before closing anyway
 CALLER_LINGER_S = 0.02  # a reader thread leaves its connection to recv callers this long
 _NOW = 0.0  # a deadline (time.monotonic()) long past: read what has arrived, never wait
 
-
-def _tune(sock: socket.socket) -> None:
-    sock.settimeout(None)  # blocking: deadlines are per call (poll), never the socket's mode
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already closed or never connected
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-def _say(sock: socket.socket, enc: EncodedMessage) -> None:
-    """Send a control message on a connection about to close, if it can go in time."""
-    with contextlib.suppress(TransportError, OSError):
-        send_encoded(sock, enc, deadline_after(BYE_TIMEOUT))
-
-
-def _waker() -> tuple[socket.socket, socket.socket]:
-    """A socketpair, both ends non-blocking: a byte on the second wakes a poll on the first."""
-    r, w = socket.socketpair()
-    r.setblocking(False)
-    w.setblocking(False)
-    return r, w
-
-
-def _wake(w: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
-        w.send(b"\0")
-
-
-def _drain(r: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while r.recv(WAKE_BYTES):
-            pass
-
-
-@dataclass(eq=False)
-class _Peer:
-    client_id: str
-    sock: socket.socket
-    send_lock: threading.Lock
-    reader: StreamReader | None = None
-    session: HubSession | None = None
-    # Reading (see the module doc): whoever holds ``turn`` may use reader and session.
-    turn: threading.Lock = field(default_factory=threading.Lock)
-    callers: int = 0  # recv calls reading this connection, or waiting to (under hub._turns)
-    callers_left_at: float = 0.0  # time.monotonic() when the last one stopped
-    polling: bool = False  # its reader thread waits (or is about to) in poll
-    ended: str | None = None  # why its connection is over, once it is
-    turns: bool = False  # recv may read it: its reader thread takes turns (after on_join)
-    wake_r: socket.socket | None = None  # wakes its reader thread out of poll
-    wake_w: socket.socket | None = None
+_Admitted = tuple[socket.socket, HubSession, StreamReader, Any]  # a hello read and accepted
 
 
 class TcpHub(Hub):
     """Hub listening on ``tcp://host:port`` (port 0 picks a free one; see :attr:`url`)."""
 
     protocol = "tcp"
+    options_type: ClassVar[type[HubOptions]] = TcpHubOptions
+    options: TcpHubOptions
 
-    def __init__(self, url: str, *, backlog: int = 128, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(self, url: str, options: TcpHubOptions) -> None:
+        super().__init__(url, options)
         query_options(url, ())
         host, port = host_port(url, default_port=0)
         self._ssl = None if self.tls is None else self.tls.server_context()
-        self._lsock = socket.create_server((host, port), backlog=backlog)
-        self.url = f"tcp://{host}:{self._lsock.getsockname()[1]}"
-        self._peers: dict[str, _Peer] = {}
-        self._lock = threading.Lock()
-        self._threads: set[threading.Thread] = set()
-        # guards the peers' reading turns (see _Peer); recv's steps take its lock directly
+        lsock = socket.create_server((host, port), backlog=options.backlog)
+        self.url = f"tcp://{host}:{lsock.getsockname()[1]}"
+        self._peers: dict[str, Peer] = {}
+        self._lock = threading.Lock()  # guards _peers
+        # guards the peers' reading turns (see Peer); recv's steps take its lock directly
         # (the same lock, without the Condition's Python-level enter and exit)
         self._turns_lock = threading.Lock()
         self._turns = threading.Condition(self._turns_lock)
         self._stopping = False
-        self._caller_wake_r, self._caller_wake_w = _waker()  # wakes a recv that reads
+        self._caller_wake_r, self._caller_wake_w = waker()  # wakes a recv that reads
         self._callers_reading = 0  # recv calls reading a connection now (under _turns)
-        self._accepting = threading.Thread(
-            target=self._accept_loop, name="tensorwire-tcp-accept", daemon=True
+        self._listener = Listener(
+            lsock,
+            name="tensorwire-tcp",
+            handshake=self._handshake,
+            serve=self._serve_connection,
+            refused=self._refused,
         )
-        self._accepting.start()
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, addr = self._lsock.accept()
-            except OSError:
-                return  # listening socket shut down by close()
-            with self._lock:
-                crowded = len(self._threads) - len(self._peers) >= MAX_HANDSHAKES
-            if crowded:  # a flood of silent connections must not cost a thread each
-                self._refused(f"{addr[0]}:{addr[1]}", TransportError("too many handshakes"))
-                conn.close()
-                continue
-            _tune(conn)
-            t = threading.Thread(
-                target=self._serve_connection,
-                args=(conn, addr),
-                name=f"tensorwire-tcp-{addr}",
-                daemon=True,
-            )
-            with self._lock:
-                self._threads.add(t)
-            t.start()
-
-    def _handshake(self, conn: socket.socket) -> tuple[socket.socket, HubSession, StreamReader]:
+    def _handshake(self, conn: socket.socket, addr: Any) -> _Admitted:
+        """Read the new connection's hello (TLS first, when asked); raise why it is refused."""
+        tune(conn)
         deadline = deadline_after(HANDSHAKE_TIMEOUT)
         tls_name = None
         if self._ssl is not None:
-            # a TlsStream stands in for the socket: stream_socket's functions take either
+            # a TlsStream stands in for the socket: the kit's functions take either
             conn = cast(
                 socket.socket, wrap_tls(conn, self._ssl, server_side=True, deadline=deadline)
             )
@@ -197,27 +104,20 @@ class TcpHub(Hub):
         try:
             session.receive(reader.read_message(deadline))
         except SessionRefused as exc:
-            _say(conn, session.refusal(exc))
+            send_before_close(conn, session.refusal(exc), deadline_after(BYE_TIMEOUT))
             raise
         reader.stream.limits = self.limits  # a member: its messages may be as large as ours
-        return conn, session, reader
+        return conn, session, reader, addr
 
-    def _serve_connection(self, conn: socket.socket, addr: Any) -> None:
-        try:
-            conn, session, reader = self._handshake(conn)
-        except (WireError, TransportError) as exc:
-            self._refused(f"{addr[0]}:{addr[1]}", exc)
-            _shutdown(conn)
-            conn.close()
-            with self._lock:
-                self._threads.discard(threading.current_thread())
-            return
+    def _serve_connection(self, admitted: _Admitted) -> None:
+        """An admitted connection's thread: membership and welcome, then reading to its end."""
+        conn, session, reader, addr = admitted
         hello = session.hello
         assert hello is not None
         cid = hello.client_id
-        peer = _Peer(cid, conn, threading.Lock(), reader, session)
+        peer = Peer(cid, conn, threading.Lock(), reader, session)
         if self._ssl is None:
-            peer.wake_r, peer.wake_w = _waker()
+            peer.wake_r, peer.wake_w = waker()
         # A member before its welcome goes out (a client that has its welcome can count on the
         # hub knowing its codecs and limits), and no other send reaches it before the welcome.
         unwelcome = None
@@ -227,7 +127,7 @@ class TcpHub(Hub):
                 self._peers[cid] = peer
             if old is not None:
                 log.info("tcp: client %r reconnected from %s; closing its old one", cid, addr)
-                _shutdown(old.sock)
+                shutdown(old.sock)
             replaced = self._make_member(
                 cid, hello.decoders, session=peer, max_message_bytes=hello.max_message_bytes
             )
@@ -249,8 +149,7 @@ class TcpHub(Hub):
             current = self._peers.get(cid) is peer
             if current:
                 del self._peers[cid]
-            self._threads.discard(threading.current_thread())
-        _shutdown(conn)  # a recv reading it returns (PeerGone) and gives up its turn
+        shutdown(conn)  # a recv reading it returns (PeerGone) and gives up its turn
         with peer.turn, peer.send_lock:  # nobody reads or sends on a closed (reused) fd
             conn.close()
             for w in (peer.wake_r, peer.wake_w):
@@ -259,7 +158,7 @@ class TcpHub(Hub):
         if current:
             self._left(cid, reason, session=peer)
 
-    def _take_turns(self, peer: _Peer) -> str:
+    def _take_turns(self, peer: Peer) -> str:
         """The reader thread of a plain connection: wait in ``poll``, read what came while no
         ``recv`` reads the connection (see the module doc); return why the peer left."""
         assert peer.wake_r is not None
@@ -282,7 +181,7 @@ class TcpHub(Hub):
             if not peer.reader.stream.pending:  # a recv may have left messages buffered
                 ready = poller.poll()
                 if any(fd == wake_fd for fd, _ in ready):
-                    _drain(peer.wake_r)
+                    drain(peer.wake_r)
             with self._turns:
                 peer.polling = False
             with peer.turn:
@@ -294,7 +193,7 @@ class TcpHub(Hub):
                 if reason is not None:
                     return reason
 
-    def _read_arrived(self, peer: _Peer) -> str | None:
+    def _read_arrived(self, peer: Peer) -> str | None:
         """Deliver the messages that have arrived (the rest of one begun too); why the peer
         left, or None when it may send more (turn held)."""
         reader, session = peer.reader, peer.session
@@ -312,7 +211,7 @@ class TcpHub(Hub):
 
     def _deliver(
         self,
-        peer: _Peer,
+        peer: Peer,
         reader: StreamReader,
         session: HubSession,
         read: Callable[[], Message | None],
@@ -342,7 +241,7 @@ class TcpHub(Hub):
     def _delivered(self, client_id: str, msg: Message) -> None:
         super()._delivered(client_id, msg)
         if self._callers_reading:  # a recv reading another connection: it should look
-            _wake(self._caller_wake_w)
+            wake(self._caller_wake_w)
 
     def recv(self, timeout: float | None = None) -> tuple[str, Message]:
         """The next message from any client, as ``(client_id, message)``.
@@ -364,7 +263,7 @@ class TcpHub(Hub):
         return super().recv(None if left is None else left)
 
     def _read_for_caller(
-        self, peer: _Peer, deadline: float | None, timeout: float | None
+        self, peer: Peer, deadline: float | None, timeout: float | None
     ) -> tuple[str, Message] | None:
         """Read ``peer``'s connection in a ``recv`` until a message is in the inbox; None if
         the connection ended (or its turn did not come by the deadline)."""
@@ -390,7 +289,7 @@ class TcpHub(Hub):
         finally:
             peer.turn.release()
 
-    def _step_in(self, peer: _Peer, reads: bool) -> bool:
+    def _step_in(self, peer: Peer, reads: bool) -> bool:
         """Count this thread among ``peer``'s callers, so its reader thread steps aside (and
         among the hub's ``reads``: another client's message then wakes it); False if the
         connection does not take turns, or is over."""
@@ -402,10 +301,10 @@ class TcpHub(Hub):
             peer.callers += 1
             self._callers_reading += reads
             if peer.polling:
-                _wake(peer.wake_w)
+                wake(peer.wake_w)
         return True
 
-    def _step_out(self, peer: _Peer, reads: bool) -> None:
+    def _step_out(self, peer: Peer, reads: bool) -> None:
         """Undo :meth:`_step_in`; the reader thread comes back after the linger."""
         with self._turns_lock:
             peer.callers -= 1
@@ -415,7 +314,7 @@ class TcpHub(Hub):
                 self._turns.notify_all()  # its reader thread says why it left
 
     def _turn_read(
-        self, peer: _Peer, deadline: float | None, wake: socket.socket | None = None
+        self, peer: Peer, deadline: float | None, wake: socket.socket | None = None
     ) -> Message | None:
         """Read ``peer``'s next message in its turn: a data message, or None when the read
         brought something else (a bad message, a control message, the connection's end,
@@ -475,15 +374,15 @@ class TcpHub(Hub):
         finally:
             self._step_out(peer, reads=False)
 
-    def _end_turns(self, peer: _Peer, reason: str) -> None:
+    def _end_turns(self, peer: Peer, reason: str) -> None:
         """A ``recv`` found ``peer``'s connection over: its reader thread ends the session."""
         with self._turns:
             if peer.ended is None:
                 peer.ended = reason
             self._turns.notify_all()
-        _shutdown(peer.sock)
+        shutdown(peer.sock)
 
-    def _read_loop(self, peer: _Peer, reader: StreamReader, session: HubSession) -> str:
+    def _read_loop(self, peer: Peer, reader: StreamReader, session: HubSession) -> str:
         """Deliver the peer's messages until it leaves; return why it left."""
         reason = self._deliver(peer, reader, session, reader.read_message)
         assert reason is not None  # a blocking read gives a message or raises
@@ -497,138 +396,24 @@ class TcpHub(Hub):
             try:
                 send_encoded(peer.sock, enc, deadline)
             except TransportError:
-                _shutdown(peer.sock)  # a half-sent message leaves the stream unusable
+                shutdown(peer.sock)  # a half-sent message leaves the stream unusable
                 raise
 
     def _close_transport(self) -> None:
-        _shutdown(self._lsock)
-        self._lsock.close()
-        self._accepting.join(timeout=5)
+        self._listener.close()
         with self._turns:
             self._stopping = True  # reader threads stop stepping aside
             self._turns.notify_all()
         with self._lock:
             peers = list(self._peers.values())
-            threads = list(self._threads)
         goodbye = bye("the hub is closing")
         for peer in peers:
             if peer.send_lock.acquire(timeout=BYE_TIMEOUT):
                 try:
-                    _say(peer.sock, goodbye)
+                    send_before_close(peer.sock, goodbye, deadline_after(BYE_TIMEOUT))
                 finally:
                     peer.send_lock.release()
-            _shutdown(peer.sock)
-        for t in threads:
-            t.join(timeout=5)
+            shutdown(peer.sock)
+        self._listener.join(timeout=5)
         self._caller_wake_r.close()
         self._caller_wake_w.close()
-
-
-class TcpChannel(Channel):
-    """A client's connection to a :class:`TcpHub`; retries connecting for ``timeout`` seconds."""
-
-    protocol = "tcp"
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        client_id: str | None = None,
-        codec: Any = "auto",
-        checksum: bool = True,
-        limits: Limits = Limits(),
-        timeout: float = 30.0,
-        tls: TLS | None = None,
-        key: Any = None,
-    ) -> None:
-        super().__init__(codec, checksum, limits)
-        self.url = url
-        self.client_id = client_id or default_client_id()
-        query_options(url, ())
-        self._address = host_port(url)
-        self._credentials(tls, key)
-        self._ssl = None if tls is None else tls.client_context()
-        self._send_lock = threading.Lock()
-        self._closed = True
-        self.reconnect(timeout)
-
-    def _open(self, deadline: float | None) -> tuple[socket.socket, StreamReader, Welcomed]:
-        sock = socket.create_connection(self._address, timeout=remaining(deadline))
-        _tune(sock)
-        if self._ssl is not None:
-            assert self.tls is not None
-            name = self.tls.server_name or self._address[0]
-            sock = cast(  # a TlsStream stands in for the socket, as in _handshake
-                socket.socket,
-                wrap_tls(
-                    sock, self._ssl, server_side=False, server_hostname=name, deadline=deadline
-                ),
-            )
-        session = self._client_session(f"the hub at {self.url}")
-        reader = StreamReader(sock, MessageStream(limits=self.limits, codec_lookup=get_codec))
-        try:
-            send_encoded(sock, session.hello(), deadline)
-            welcome = session.receive(reader.read_message(deadline))
-        except BaseException:
-            sock.close()
-            raise
-        assert isinstance(welcome, Welcomed)
-        self._session = session
-        return sock, reader, welcome
-
-    def reconnect(self, timeout: float = 30.0) -> None:
-        """(Re)dial the hub and say hello with the same client id."""
-        if not self._closed:
-            self._drop()
-        sock, reader, welcome = dial(self._open, what=self.url, timeout=timeout)
-        self._sock, self._reader = sock, reader
-        self.hub_decoders = welcome.decoders
-        self.hub_max_bytes = welcome.max_message_bytes
-        self._closed = False
-
-    def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
-        if self._closed:
-            raise PeerGone("channel is closed; call reconnect()")
-        with self._send_lock:
-            try:
-                send_encoded(self._sock, enc, deadline)
-            except TransportError:
-                self._drop()  # a half-sent message leaves the stream unusable
-                raise
-
-    def _recv_message(self, deadline: float | None, out: Any) -> Message:
-        if self._closed:
-            raise PeerGone("channel is closed; call reconnect()")
-        while True:
-            if not self._reader.stream.in_message:
-                self._reader.stream.set_out(out)
-            try:
-                msg = self._reader.read_message(deadline)
-            except WireError:
-                if self._reader.stream.broken:
-                    self._drop()
-                raise
-            except PeerGone:
-                self._drop()
-                raise
-            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
-                return msg
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
-                return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
-
-    def _drop(self) -> None:
-        self._closed = True
-        _shutdown(self._sock)
-        self._sock.close()
-
-    def close(self) -> None:
-        """Say goodbye to the hub and close the connection."""
-        if self._closed:
-            return
-        with self._send_lock:
-            _say(self._sock, bye())
-        self._drop()

@@ -1,4 +1,4 @@
-"""Bytes back into tensors: a sans-IO stream decoder and a whole-buffer decoder.
+"""Bytes back into messages, from a byte stream: a sans-IO stream decoder.
 
 ``MessageStream`` works like h11: feed it bytes with :meth:`~MessageStream.receive_data`,
 or, to avoid a copy, ask :meth:`~MessageStream.next_buffer` where the next bytes belong,
@@ -8,435 +8,38 @@ then take messages from :meth:`~MessageStream.next_event`. It never touches a so
 
 from __future__ import annotations
 
-import enum
-import struct
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Any
 
-import msgpack
 import numpy as np
 import xxhash
 
-from tensorwire.errors import (
-    ChecksumMismatch,
-    CodecDataError,
-    HeaderCheckMismatch,
-    MalformedHeader,
-    TruncatedMessage,
-    UnknownCodec,
-    WireError,
+from tensorwire.errors import HeaderCheckMismatch, WireError
+from tensorwire.wire.codec import CodecLookup
+from tensorwire.wire.decoder.known import decode_known
+from tensorwire.wire.decoder.message import NEED_DATA, Message, _NeedData, message_tensors
+from tensorwire.wire.decoder.tensor import (
+    DEFAULT_POOL,
+    check_digest,
+    decode_chain,
+    output_array,
+    resolve_chain,
 )
-from tensorwire.wire.codec import Codec, CodecLookup
+from tensorwire.wire.decoder.whole import decode_whole
 from tensorwire.wire.encoder import _as_byte_view, byte_view
 from tensorwire.wire.format import (
     DIGEST_SIZE,
-    FLAG_DIGESTS,
-    KNOWN_FLAGS,
-    MAGIC,
-    PREFIX,
     PREFIX_SIZE,
-    VERSION,
     Limits,
     MessagePlan,
-    Prefix,
-    TensorSpec,
-    known_header,
-    known_meta_bytes,
-    meta_cut,
     parse_header,
     parse_prefix,
     verify_header,
 )
-from tensorwire.wire.plans import (
-    KNOWN_LAYOUTS,
-    META_LAYOUTS,
-    SEEN_ONCE,
-    KnownLayout,
-    TensorTable,
-)
 from tensorwire.wire.pool import BufferPool
-from tensorwire.wire.tensors import TensorPath, map_leaves, to_torch, unflatten
-
-_U64 = struct.Struct("<Q")
-_F64 = struct.Struct(">d")  # msgpack float 64, big-endian
-
-
-# A one-member enum, so that ``event is NEED_DATA`` narrows ``event`` for type checkers.
-class _NeedData(enum.Enum):
-    NEED_DATA = "NEED_DATA"
-
-    def __repr__(self) -> str:
-        return "NEED_DATA"
-
-    __str__ = __repr__
-
-
-NEED_DATA: Final = _NeedData.NEED_DATA
-"""Returned by ``MessageStream.next_event`` when no complete message is buffered."""
-
-
-@dataclass(eq=False)
-class Message(Mapping[str, Any]):
-    """A decoded message: nested ``tensors`` (numpy arrays) and ``meta``.
-
-    A message is a read-only mapping of its top-level names to its tensors (or to dicts of
-    them, for nested names): ``msg["x"]``, ``"x" in msg``, ``len(msg)``, ``dict(msg)``,
-    ``msg.keys()``, iteration. ``decode_s`` is the CPU time spent decoding (header,
-    checksums, codecs), seconds; ``recv_s`` the time from its first byte arriving to its
-    last tensor decoded, seconds (0 for :func:`decode_message`); ``t0`` the sender's clock
-    when it began encoding.
-    """
-
-    tensors: dict[str, Any]
-    meta: dict[str, Any] = field(default_factory=dict)
-    kind: str = "data"
-    t0: float | None = None
-    nbytes: int = 0
-    wire_nbytes: int = 0
-    decode_s: float = 0.0
-    recv_s: float = 0.0
-    n_tensors: int = 0
-    codec_label: str = "raw"
-    record: Any = None  # the transport's TransferRecord, once a transport delivered it
-
-    def __getitem__(self, name: str) -> Any:
-        return self.tensors[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tensors)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tensors
-
-    def to_torch(self) -> dict[str, Any]:
-        """The tensors as torch tensors (sharing memory where torch allows), same nesting."""
-        return map_leaves(self.tensors, to_torch)
-
-
-def output_array(spec: TensorSpec, out: Mapping[TensorPath, np.ndarray] | None) -> np.ndarray:
-    """The caller's array for this tensor if it matches dtype, shape and order, else a new one."""
-    if out is not None:
-        arr = out.get(spec.path)
-        if (
-            isinstance(arr, np.ndarray)
-            and arr.dtype == spec.dtype
-            and arr.shape == spec.shape
-            and arr.flags.writeable
-            and (arr.flags.c_contiguous if spec.order == "C" else arr.flags.f_contiguous)
-        ):
-            return arr
-    return np.empty(spec.shape, spec.dtype, order=spec.order)
-
-
-def resolve_chain(spec: TensorSpec, lookup: CodecLookup | None) -> list[Codec]:
-    """Rebuild a tensor's codec chain from its header configs."""
-    if not spec.codecs:
-        return []
-    if lookup is None:
-        raise UnknownCodec(
-            f"tensor {'/'.join(spec.path)!r} uses codec {spec.codecs[0]['id']!r} but no codec "
-            "registry was given (use tensorwire.decode, or pass "
-            "codec_lookup=tensorwire.codecs.get_codec)"
-        )
-    chain = []
-    for config in spec.codecs:
-        try:
-            chain.append(lookup(config))
-        except WireError:
-            raise
-        except Exception as exc:  # e.g. a registered codec rejecting hostile parameters
-            raise UnknownCodec(
-                f"tensor {'/'.join(spec.path)!r}: cannot build codec {config!r}: {exc}"
-            ) from None
-    return chain
-
-
-def decode_chain(
-    spec: TensorSpec, chain: Sequence[Codec], encoded: memoryview, out: memoryview, pool: BufferPool
-) -> None:
-    """Run the chain backwards from ``encoded`` into ``out`` (the tensor's bytes)."""
-    sizes = spec.stage_sizes
-    src = encoded
-    scratch: list[np.ndarray] = []
-    try:
-        for i in range(len(chain) - 1, -1, -1):
-            if i:
-                buf = pool.acquire(sizes[i])
-                scratch.append(buf)
-                dst = buf.data
-            else:
-                dst = out
-            try:
-                chain[i].decode(src, out=dst)
-            except WireError:
-                raise
-            except Exception as exc:  # a codec library's own error on corrupt input
-                raise CodecDataError(
-                    f"tensor {'/'.join(spec.path)!r}: codec {spec.codecs[i]['id']!r} failed: {exc}"
-                ) from None
-            src = dst
-    finally:
-        for buf in scratch:
-            pool.release(buf)
-
-
-def _check_digest(spec: TensorSpec, computed: int, sent: bytes | bytearray | memoryview) -> None:
-    (expected,) = _U64.unpack(sent)
-    if computed != expected:
-        raise ChecksumMismatch(
-            f"tensor {'/'.join(spec.path)!r}: checksum {computed:016x} != sent {expected:016x}; "
-            "the bytes were corrupted in transit"
-        )
-
-
-_DEFAULT_POOL = BufferPool()
-
-
-def decode_message(
-    buf: Any,
-    *,
-    limits: Limits = Limits(),
-    codec_lookup: CodecLookup | None = None,
-    out: Mapping[TensorPath, np.ndarray] | None = None,
-    copy: bool = False,
-    pool: BufferPool | None = None,
-) -> Message:
-    """Decode one whole message held in ``buf`` (any bytes-like object).
-
-    Raw tensors are returned as views of ``buf`` (read-only if ``buf`` is) unless ``copy``
-    is true or ``out`` holds a matching array for them; compressed ones are decoded into
-    new arrays (or into ``out``). Every malformed input raises a ``WireError`` subclass.
-    """
-    start = time.perf_counter()
-    mv = memoryview(buf)
-    if mv.ndim != 1 or mv.format != "B":
-        mv = mv.cast("B")
-    if len(mv) < PREFIX_SIZE:
-        raise TruncatedMessage(f"{len(mv)} bytes is shorter than the {PREFIX_SIZE}-byte prefix")
-    prefix = parse_prefix(mv, limits)
-    return _decode_whole(mv, prefix, start, limits, codec_lookup, out, copy, pool or _DEFAULT_POOL)
-
-
-def _decode_whole(
-    mv: memoryview,
-    prefix: Prefix,
-    start: float,
-    limits: Limits,
-    codec_lookup: CodecLookup | None,
-    out: Mapping[TensorPath, np.ndarray] | None,
-    copy: bool,
-    pool: BufferPool,
-) -> Message:
-    """:func:`decode_message` once the prefix is parsed."""
-    end_header = PREFIX_SIZE + prefix.header_length
-    total = end_header + prefix.body_length
-    if len(mv) < total:
-        raise TruncatedMessage(f"message is {total} bytes but only {len(mv)} were given")
-    if len(mv) > total:
-        raise MalformedHeader(f"{len(mv) - total} bytes follow the end of the message")
-    header = mv[PREFIX_SIZE:end_header]
-    verify_header(header, prefix)
-    plan = parse_header(header, prefix, limits)
-    table = plan.table
-    chains = None
-    if table.compressed:
-        chains = [resolve_chain(spec, codec_lookup) for spec in table.specs]
-    arrays: list[np.ndarray] = []
-    offset = end_header
-    digests = plan.digests
-    for i, spec in enumerate(table.specs):
-        encoded = mv[offset : offset + spec.size]
-        offset += spec.size
-        if digests:
-            _check_digest(
-                spec, xxhash.xxh3_64_intdigest(encoded), mv[offset : offset + DIGEST_SIZE]
-            )
-            offset += DIGEST_SIZE
-        chain = chains[i] if chains is not None else None
-        if not chain and not copy and (out is None or spec.path not in out):
-            arr = np.frombuffer(encoded, spec.dtype).reshape(spec.shape, order=spec.order)
-        else:
-            arr = output_array(spec, out)
-            if chain:
-                decode_chain(spec, chain, encoded, byte_view(arr, spec.order), pool)
-            else:
-                byte_view(arr, spec.order)[:] = encoded
-        arrays.append(arr)
-    return Message(
-        tensors=_tree(table, arrays),
-        meta=plan.meta,
-        kind=plan.kind,
-        t0=plan.t0,
-        nbytes=table.nbytes,
-        wire_nbytes=plan.wire_nbytes,
-        decode_s=time.perf_counter() - start,
-        n_tensors=len(arrays),
-        codec_label=table.codec_label,
-    )
-
-
-def decode_known(
-    mv: memoryview, limits: Limits, out: Mapping[TensorPath, np.ndarray] | None
-) -> tuple[Message, int] | None:
-    """The first message in ``mv`` and its length, when it is whole there, its header is one
-    :func:`~tensorwire.wire.format.known_header` knows and its tensors are raw and named
-    flat; its arrays are copied out (into ``out``'s where they match). None for any other
-    message, and for anything wrong: :func:`decode_message`'s checks then say what.
-
-    The small-message path: the checks are :func:`decode_message`'s, in one function. A
-    header that repeats one seen before but for its ``t0`` is read from its cached
-    :class:`~tensorwire.wire.plans.KnownLayout` (one lookup instead of a parse).
-    """
-    start = time.perf_counter()
-    magic, version, flags, reserved, hlen, hcheck, blen = PREFIX.unpack_from(mv)
-    if magic != MAGIC or version != VERSION or flags & ~KNOWN_FLAGS or reserved:
-        return None
-    if hlen > limits.max_header_bytes or blen > limits.max_message_bytes:
-        return None
-    end_header = PREFIX_SIZE + hlen
-    total = end_header + blen
-    if len(mv) < total:
-        return None
-    if xxhash.xxh3_64_intdigest(mv[PREFIX_SIZE:end_header]) & 0xFFFFFFFF != hcheck:
-        return None
-    key = bytes(mv[PREFIX_SIZE : end_header - 8])
-    layout = KNOWN_LAYOUTS.get(key)
-    meta = None
-    if layout is None:  # a meta beside tensors, cut out: see META_LAYOUTS
-        cut = meta_cut(key)
-        layout = None if cut is None else META_LAYOUTS.get(key[: cut[0]] + key[cut[1] :])
-        if layout is None:
-            return _decode_first_known(mv, limits, out, start, flags, end_header, total)
-        assert cut is not None
-        try:  # exactly one map, or the split is not the header's parse
-            meta = msgpack.unpackb(key[cut[0] : cut[1]])
-        except Exception:
-            return None
-        if type(meta) is not dict:
-            return None
-    if layout.limits is not limits:  # a race only checks twice
-        if not layout.table.fits(limits):
-            return None
-        layout.limits = limits
-    digests = flags & FLAG_DIGESTS
-    if blen != (layout.digested_nbytes if digests else layout.encoded_nbytes):
-        return None
-    tensors = {}
-    offset = end_header
-    for name, path, size, dtype, shape in layout.tensors:
-        end = offset + size
-        encoded = mv[offset:end]
-        if digests:
-            if xxhash.xxh3_64_intdigest(encoded) != _U64.unpack_from(mv, end)[0]:
-                return None
-            end += DIGEST_SIZE
-        arr = None if out is None else out.get(path)
-        if (
-            type(arr) is not np.ndarray
-            or arr.shape != shape
-            or arr.dtype != dtype
-            or not (flags_ := arr.flags).writeable
-            or not flags_.c_contiguous
-        ):
-            arr = np.empty(shape, dtype)
-        arr.data.cast("B")[:] = encoded  # C-ordered, of a buffer kind, not empty: its layout
-        tensors[name] = arr
-        offset = end
-    if meta is None:
-        meta = {} if layout.meta is None else msgpack.unpackb(layout.meta)
-    msg = Message(
-        tensors,
-        meta,
-        layout.kind,
-        _F64.unpack_from(mv, end_header - 8)[0],
-        layout.nbytes,
-        total,
-        time.perf_counter() - start,
-        0.0,
-        len(tensors),
-        layout.codec_label,
-    )
-    return msg, total
-
-
-def _decode_first_known(
-    mv: memoryview,
-    limits: Limits,
-    out: Mapping[TensorPath, np.ndarray] | None,
-    start: float,
-    flags: int,
-    end_header: int,
-    total: int,
-) -> tuple[Message, int] | None:
-    """:func:`decode_known` of a message whose prefix and header check passed and whose
-    header has no layout yet (which it gets here, when it may have one)."""
-    header = bytes(mv[PREFIX_SIZE:end_header])
-    known = known_header(header)
-    if known is None:
-        return None
-    kind, meta, t0, span, table = known
-    names = table.flat_names
-    digests = flags & FLAG_DIGESTS
-    specs = table.specs
-    if table.compressed or names is None or not table.fits(limits):
-        return None
-    if table.encoded_nbytes + (DIGEST_SIZE * len(specs) if digests else 0) != total - end_header:
-        return None
-    arrays = []
-    offset = end_header
-    for spec in specs:
-        end = offset + spec.size
-        encoded = mv[offset:end]
-        if digests:
-            if xxhash.xxh3_64_intdigest(encoded) != _U64.unpack_from(mv, end)[0]:
-                return None
-            end += DIGEST_SIZE
-        arr = output_array(spec, out)
-        byte_view(arr, spec.order)[:] = encoded
-        arrays.append(arr)
-        offset = end
-    if KnownLayout.allowed(table):
-        key = header[:-8]
-        layout = None
-        if not meta:
-            layout = KnownLayout(kind, table)
-        elif not specs:  # meta alone (acknowledgements, control): kept when it comes again
-            if SEEN_ONCE.get(key):
-                layout = KnownLayout(kind, table, known_meta_bytes(header, span))
-            else:
-                SEEN_ONCE.put(key, True, len(key))
-        elif (cut := meta_cut(key)) is not None:  # meta beside tensors: it changes every time
-            stripped, kept = key[: cut[0]] + key[cut[1] :], KnownLayout(kind, table)
-            META_LAYOUTS.put(stripped, kept, len(stripped) + kept.cost)
-        if layout is not None:
-            KNOWN_LAYOUTS.put(key, layout, len(header) + layout.cost)
-    msg = Message(
-        dict(zip(names, arrays, strict=True)),
-        meta,
-        kind,
-        t0,
-        table.nbytes,
-        total,
-        time.perf_counter() - start,
-        0.0,
-        len(arrays),
-        table.codec_label,
-    )
-    return msg, total
-
-
-def _tree(table: TensorTable, arrays: list[np.ndarray]) -> dict[str, Any]:
-    """The message's (nested) dict of tensors, given its arrays in body order."""
-    if table.flat_names is not None:
-        return dict(zip(table.flat_names, arrays, strict=True))
-    return unflatten([(s.path, a) for s, a in zip(table.specs, arrays, strict=True)])
-
+from tensorwire.wire.tensors import TensorPath
 
 # Stream phases.
 _PREFIX, _HEADER, _DATA, _DIGEST, _SKIP, _WHOLE = range(6)
@@ -473,7 +76,7 @@ class MessageStream:
     ) -> None:
         self.limits = limits
         self.codec_lookup = codec_lookup
-        self.pool = pool or _DEFAULT_POOL
+        self.pool = pool or DEFAULT_POOL
         self.max_read = max_read
         self.broken = False
         self._events: deque[Message | WireError] = deque()
@@ -608,7 +211,7 @@ class MessageStream:
             return len(mv)
         t_first = time.perf_counter()
         try:
-            msg = _decode_whole(
+            msg = decode_whole(
                 mv[:total],
                 prefix,
                 t_first,
@@ -707,7 +310,7 @@ class MessageStream:
     def _finish_whole(self) -> None:
         """A message read into a buffer of its own is in: decode it (a bad one is skipped)."""
         try:
-            msg = _decode_whole(
+            msg = decode_whole(
                 self._dst,
                 self._prefix,
                 self._t_first,
@@ -764,7 +367,7 @@ class MessageStream:
         t = time.perf_counter()
         try:
             if self._plan.digests:
-                _check_digest(spec, self._tensor_hash.intdigest(), self._digest)
+                check_digest(spec, self._tensor_hash.intdigest(), self._digest)
             if self._scratch is not None:
                 decode_chain(
                     spec,
@@ -801,7 +404,7 @@ class MessageStream:
             assert plan is not None
             self._events.append(
                 Message(
-                    tensors=_tree(plan.table, self._items),
+                    tensors=message_tensors(plan.table, self._items),
                     meta=plan.meta,
                     kind=plan.kind,
                     t0=plan.t0,
