@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 import weakref
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
@@ -65,7 +65,6 @@ class MemHub(Hub):
     """A hub that channels of this process reach by its name."""
 
     protocol = "mem"
-    options_type: ClassVar[type[HubOptions]] = HubOptions
     sees_client_certificates = False
 
     def __init__(self, url: str, options: HubOptions) -> None:
@@ -134,7 +133,6 @@ class MemChannel(Channel):
     """A channel to the hub of this process that its URL names."""
 
     protocol = "mem"
-    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)

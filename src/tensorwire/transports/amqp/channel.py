@@ -70,7 +70,7 @@ class AmqpChannel(BrokerChannel):
     """
 
     protocol = "amqp"
-    options_type: ClassVar[type[ChannelOptions] | None] = AmqpChannelOptions
+    options_type: ClassVar[type[ChannelOptions]] = AmqpChannelOptions
     options: AmqpChannelOptions
     _consumer: Consumer | None = None
     _pub: Publisher | None = None

@@ -63,7 +63,7 @@ class AmqpHub(BrokerHub[_Peer]):
     """
 
     protocol = "amqp"
-    options_type: ClassVar[type[HubOptions] | None] = AmqpHubOptions
+    options_type: ClassVar[type[HubOptions]] = AmqpHubOptions
     options: AmqpHubOptions
 
     def __init__(self, url: str, options: AmqpHubOptions) -> None:

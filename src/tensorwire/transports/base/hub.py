@@ -45,7 +45,7 @@ class Hub(Membership, ABC):
     are called from transport threads.
     """
 
-    options_type: ClassVar[type[HubOptions] | None] = None
+    options_type: ClassVar[type[HubOptions]] = HubOptions
     """The options this transport's hubs take (``serve``'s keywords become one)."""
 
     sees_client_certificates = True
@@ -58,13 +58,10 @@ class Hub(Membership, ABC):
     ``sequential`` (one unicast after another: the baseline of a server that loops over its
     devices). ``serve(url, fanout=...)`` sets it."""
 
-    def __init__(
-        self, url: str | None = None, options: HubOptions | None = None, **legacy: Any
-    ) -> None:
-        if options is None:
-            options = HubOptions.from_kwargs(legacy)
-        if url is not None:
-            self.url = url
+    options: HubOptions
+
+    def __init__(self, url: str, options: HubOptions) -> None:
+        self.url = url
         self.options = options
         super().__init__(options.codec, options.checksum, options.limits)
         self.on_join = options.on_join

@@ -60,7 +60,7 @@ class MqttChannel(BrokerChannel):
     """
 
     protocol = "mqtt"
-    options_type: ClassVar[type[ChannelOptions] | None] = MqttChannelOptions
+    options_type: ClassVar[type[ChannelOptions]] = MqttChannelOptions
     options: MqttChannelOptions
     _connection: BrokerConnection | None = None
     _keeper: threading.Thread | None = None

@@ -75,7 +75,7 @@ class MqttHub(BrokerHub[_Peer]):
     """
 
     protocol = "mqtt"
-    options_type: ClassVar[type[HubOptions] | None] = MqttHubOptions
+    options_type: ClassVar[type[HubOptions]] = MqttHubOptions
     options: MqttHubOptions
 
     def __init__(self, url: str, options: MqttHubOptions) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 from tensorwire.errors import AuthenticationError, PeerGone, WireError
 from tensorwire.transports.base import (
@@ -36,7 +36,6 @@ class QuicChannel(Channel):
     seconds."""
 
     protocol = "quic"
-    options_type: ClassVar[type[ChannelOptions] | None] = ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)

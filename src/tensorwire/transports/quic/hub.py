@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
 from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, _log_limited
@@ -48,7 +48,6 @@ class QuicHub(Hub):
     """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
 
     protocol = "quic"
-    options_type: ClassVar[type[HubOptions] | None] = HubOptions
 
     def __init__(self, url: str, options: HubOptions) -> None:
         super().__init__(url, options)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from typing import Any
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, TransportError, WireError
@@ -18,7 +18,6 @@ class TcpChannel(Channel):
     """A client's connection to a :class:`TcpHub`; dials for ``timeouts.connect`` seconds."""
 
     protocol = "tcp"
-    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)

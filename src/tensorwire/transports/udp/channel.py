@@ -13,7 +13,7 @@ import select
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +132,6 @@ class UdpChannel(Channel):
     """
 
     protocol = "udp"
-    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
     options: ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:

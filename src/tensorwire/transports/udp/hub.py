@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +114,6 @@ class UdpHub(Hub):
     """
 
     protocol = "udp"
-    options_type: ClassVar[type[HubOptions]] = HubOptions
 
     def __init__(self, url: str, options: HubOptions) -> None:
         super().__init__(url, options)
