@@ -22,9 +22,8 @@ from torch.utils.data import TensorDataset  # noqa: E402
 import tensorwire  # noqa: E402
 from tensorwire import fl  # noqa: E402
 from tensorwire.fl import ModelMismatch  # noqa: E402
-from tensorwire.fl import server as fl_server  # noqa: E402
-from tensorwire.transports import KNOWN_TRANSPORTS  # noqa: E402
-from tensorwire.transports.local import local_hub_url  # noqa: E402
+from tensorwire.fl.server import recorder as fl_recorder  # noqa: E402
+from tensorwire.transports import KNOWN_TRANSPORTS, local_hub_url  # noqa: E402
 
 FEATURES, CLASSES = 16, 4
 
@@ -342,7 +341,7 @@ def _flooder(url: str, told: list[dict]) -> None:
 def test_a_flooding_member_changes_nothing_and_costs_little(monkeypatch):
     """It gets no more than it is owed: one verdict per round, one resend per round, a
     bounded event log; the honest devices' rounds go on as if it were not there."""
-    monkeypatch.setattr(fl_server, "MAX_EVENT_ROWS", 100)
+    monkeypatch.setattr(fl_recorder, "MAX_EVENT_ROWS", 100)
     threads: list[threading.Thread] = []
     told: list[dict] = []
 

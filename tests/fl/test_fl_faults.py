@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,8 +27,7 @@ pytest.importorskip("torch", reason="torch is not installed (extra 'fl')")
 
 from tensorwire.fl import FLConfig, run_client, run_server
 from tensorwire.fl.run import device_command
-from tensorwire.transports import KNOWN_TRANSPORTS
-from tensorwire.transports.local import local_hub_url
+from tensorwire.transports import KNOWN_TRANSPORTS, local_hub_url
 
 DEADLINE = 30.0  # seconds: a round with a hung device ends here (others take ~3-10 s)
 CFG = dict(
@@ -44,6 +44,8 @@ CFG = dict(
 SLACK = 20.0  # seconds past the deadline a round may take to end (evaluation, checkpoint)
 
 pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -166,25 +168,36 @@ def test_killed_hung_and_restarted_devices_do_not_stop_the_run(protocol, tmp_pat
     assert abs(final - fault_free[-1]["accuracy"]) <= 0.02, (final, fault_free[-1]["accuracy"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "tensorwire", "fl", "server", *args]
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def _rounds_done(progress: Path) -> int:
+def _progress(progress: Path) -> list[dict]:
+    """The events the server wrote so far (a line being written is left out)."""
     try:
         lines = progress.read_text().splitlines()
     except OSError:
-        return 0
-    return max(
-        (json.loads(x)["round"] for x in lines if '"round"' in x and x.endswith("}")), default=0
-    )
+        return []
+    return [json.loads(x) for x in lines if x.endswith("}")]
+
+
+def _rounds_done(progress: Path) -> int:
+    return max((e["round"] for e in _progress(progress) if "round" in e), default=0)
+
+
+def _served_at(progress: Path) -> str | None:
+    """The URL the server's hub listens at, once it does."""
+    return next((e["url"] for e in _progress(progress) if e["event"] == "ready"), None)
+
+
+def _poll(check: Callable[[], T], server: subprocess.Popen[bytes], timeout: float, what: str) -> T:
+    """Poll ``check()`` until it holds or the server exits; what it returned last."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()) and server.poll() is None:
+        assert time.monotonic() < deadline, f"{what} never came"
+        time.sleep(0.05)
+    return value
 
 
 def test_a_server_killed_after_round_3_resumes_to_the_same_accuracy(tmp_path, fault_free):
@@ -193,23 +206,23 @@ def test_a_server_killed_after_round_3_resumes_to_the_same_accuracy(tmp_path, fa
     that was never stopped."""
     run, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    url = f"tcp://127.0.0.1:{_free_port()}"
     progress = run / "progress.jsonl"
     options = [
-        "--url", url, "--dataset", "digits", "--model", "vgg5", "--clients", "4",
+        "--dataset", "digits", "--model", "vgg5", "--clients", "4",
         "--rounds", "5", "--batch-size", "20", "--min-updates", "3", "--downlink", "delta",
         "--round-timeout", "300", "--join-timeout", "180", "--progress", str(progress),
     ]  # fmt: skip
     devices = Devices(logs, timeout=60)
-    devices.url = url
-    server = _server([*options, "--out", str(run)], logs / "server-1.log")
+    server = _server(
+        ["--url", "tcp://127.0.0.1:0", *options, "--out", str(run)], logs / "server-1.log"
+    )
     try:
+        url = _poll(lambda: _served_at(progress), server, 120, "the server's URL")
+        assert url, (logs / "server-1.log").read_text()[-2000:]
+        devices.url = url
         for i in range(1, 5):
             devices.start(i)
-        deadline = time.monotonic() + 600
-        while _rounds_done(progress) < 3 and server.poll() is None:
-            assert time.monotonic() < deadline, "round 3 never ended"
-            time.sleep(0.05)
+        _poll(lambda: _rounds_done(progress) >= 3, server, 600, "the end of round 3")
         server.kill()  # SIGKILL: no goodbye, no final write
         server.wait()
         for i in (3, 4):  # killed too; devices 1 and 2 stay up and find the server again
@@ -217,6 +230,7 @@ def test_a_server_killed_after_round_3_resumes_to_the_same_accuracy(tmp_path, fa
             devices.procs[i].wait()
         assert _rounds_done(progress) == 3, (logs / "server-1.log").read_text()[-2000:]
         assert len(pq.read_table(run / "rounds.parquet")) == 3  # what finished, on disk
+        # at the port the killed server held, where devices 1 and 2 look for it
         server = _server(
             ["--url", url, "--resume", str(run), "--progress", str(progress)],
             logs / "server-2.log",

@@ -1,5 +1,6 @@
 """The aggregation strategies on known numbers: FedAvg (and loss-aware weights), FedAdam and
-FedYogi against their update rules, median and trimmed mean against an absurd update."""
+FedYogi against their update rules, median and trimmed mean against an absurd update; a
+round's plan (sampling, deadline, quorum) and the weight of a late update."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from tensorwire.fl.config import FLConfig
+from tensorwire.fl.server.device_manager import DeviceManager
 from tensorwire.fl.strategies import (
     FedAdam,
     FedAvg,
@@ -115,3 +117,29 @@ def test_equal_weights_give_the_plain_mean():
     ups = [Update(str(i), 1, {"w": np.full(3, float(i))}, 7, 7.0) for i in range(4)]
     out = FedAvg().aggregate({"w": np.zeros(3)}, ups, {"w"})
     np.testing.assert_allclose(out["w"], np.full(3, 1.5))
+
+
+def _pool(n: int) -> DeviceManager:
+    devices = DeviceManager(None, n)
+    for i in range(1, n + 1):
+        dev = devices.joined(f"device-{i}")
+        devices.ready(dev, f"nonce-{i}")
+    return devices
+
+
+def test_a_round_samples_a_fraction_never_below_the_quorum_alike_on_a_rerun():
+    cfg = FLConfig(clients=8, fraction=0.25, min_updates=3, round_timeout=12.0)
+    plan = FedAvg().configure_round(4, cfg, _pool(8))
+    assert len(plan.devices) == 3  # ceil(0.25 * 8) = 2, raised to the quorum
+    assert plan.devices == sorted(plan.devices)
+    assert (plan.deadline_s, plan.quorum) == (12.0, 3)
+    assert FedAvg().configure_round(4, cfg, _pool(8)) == plan  # seeded by (seed, round)
+    every = FLConfig(clients=8, min_updates=3)
+    assert FedAvg().configure_round(1, every, _pool(8)).devices == _pool(8).available()
+
+
+def test_a_late_update_is_weighted_by_its_age():
+    now = _u("a", [2, 2], samples=4)
+    late = Update("b", 1, now.delta, 4, 4.0)
+    FedAvg().aggregate_round(3, FLConfig(staleness=1.0), G, [now], [late], {"w"})
+    assert late.weight == pytest.approx(4 * (1 + 3 - 1) ** -1.0)

@@ -320,6 +320,7 @@ def test_channel_send_to_a_hub_that_stops_reading_times_out():
         server.shutdown()
 
 
+@pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     pytest.importorskip("cryptography", reason="cryptography is not installed")
     from tensorwire.transports.certs import make_certs

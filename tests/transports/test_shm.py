@@ -32,8 +32,8 @@ from tensorwire.errors import (
 )
 from tensorwire.transports.session import ClientSession
 from tensorwire.transports.shm import INLINE_BYTES, BadSegment
-from tensorwire.transports.shm import hub as shm_hub
 from tensorwire.transports.shm.options import address
+from tensorwire.transports.sockets import listener
 from tensorwire.wire import encode_message
 
 T = 20.0  # seconds: generous bound for anything that should take milliseconds
@@ -191,19 +191,19 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
 
 
 def test_connections_over_the_handshake_limit_are_refused_at_once(hub, monkeypatch):
-    monkeypatch.setattr(shm_hub, "MAX_HANDSHAKES", 3)
+    monkeypatch.setattr(listener, "MAX_HANDSHAKES", 3)
     silent = []
     for _ in range(3):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.connect(address(hub.url.removeprefix("shm://")))
         silent.append(sock)
-    _until(lambda: len(hub._threads) == 3, "three connections are in their handshake")
+    _until(lambda: len(hub._listener._threads) == 3, "three connections are in their handshake")
     with pytest.raises(TransportTimeout):
         tensorwire.connect(hub.url, client_id="late", timeout=0.5)
     assert any("too many" in e.reason for e in hub.events if e.kind == "refused")
     for sock in silent:
         sock.close()
-    _until(lambda: not hub._threads, "the silent connections are dropped")
+    _until(lambda: not hub._listener._threads, "the silent connections are dropped")
     with tensorwire.connect(hub.url, client_id="later", timeout=T):
         hub.wait_for(1, timeout=T)
 

@@ -29,6 +29,7 @@ _WHERE = {
     "FedProx": "strategies",
     "FedYogi": "strategies",
     "Median": "strategies",
+    "RoundPlan": "strategies",
     "Strategy": "strategies",
     "TrimmedMean": "strategies",
     "Update": "strategies",

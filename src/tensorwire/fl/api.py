@@ -17,11 +17,12 @@ from typing import Any
 from tensorwire.fl.client import run_client
 from tensorwire.fl.config import CUSTOM, STRATEGIES, FLConfig
 from tensorwire.fl.records import RunResult
-from tensorwire.fl.server import FLServer, ServerTask, builtin_task
+from tensorwire.fl.server import FLServer
+from tensorwire.fl.server.task import own_model_task
 from tensorwire.fl.strategies import Strategy
 from tensorwire.fl.task import ModelFactory, factory_name, model_factory
-from tensorwire.fl.train import LossFn, as_data
-from tensorwire.transports.base import default_client_id
+from tensorwire.fl.train import LossFn
+from tensorwire.transports import default_client_id
 
 
 def serve(
@@ -61,16 +62,10 @@ def serve(
     cfg = FLConfig(
         **{"dataset": CUSTOM, "model": name, "rounds": rounds, "clients": clients, **settings}
     )
-    test = as_data(test_data, "test_data") if test_data is not None else None
-    if cfg.dataset == CUSTOM:
-        task = ServerTask(factory, test, loss_fn)
-    else:
-        base = builtin_task(cfg, factory)
-        task = ServerTask(factory, test or base.test, loss_fn, base.shard_sizes)
     return FLServer(
         url,
         cfg,
-        task=task,
+        task=own_model_task(cfg, factory, test_data, loss_fn),
         strategy=strategy if isinstance(strategy, Strategy) else None,
         out_dir=out_dir,
         resume=resume,

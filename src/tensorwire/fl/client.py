@@ -49,7 +49,7 @@ from tensorwire.fl.train import (
     state_to_numpy,
     train_model,
 )
-from tensorwire.transports.security import credentials_from_dir
+from tensorwire.transports import Credentials
 
 log = logging.getLogger("tensorwire.fl")
 
@@ -189,38 +189,32 @@ def _warm_up() -> None:
     torch.optim.SGD([p], lr=0.0, momentum=0.9).step()
 
 
-class _Link:
-    """The device's channel, reopened when the server goes away without saying done."""
+class _Uplink:
+    """The device's channel, reconnected when the server goes away without saying done."""
 
     def __init__(self, url: str, client_id: str, timeout: float, security: dict[str, Any]):
-        self.url, self.client_id, self.timeout, self.security = url, client_id, timeout, security
-        self.ch = self._connect()
-
-    def _connect(self) -> tensorwire.Channel:
-        return tensorwire.connect(
-            self.url, client_id=self.client_id, codec=None, timeout=self.timeout, **self.security
+        self.url, self.client_id, self.timeout = url, client_id, timeout
+        self.ch = tensorwire.connect(
+            url, client_id=client_id, codec=None, timeout=timeout, **security
         )
 
-    def reopen(self, selector: Any) -> bool:
-        """Connect again (for up to ``timeout`` s); False if the server did not come back."""
-        with contextlib.suppress(TransportError):
-            self.ch.close()
+    def reopen(self) -> bool:
+        """Reconnect, same channel and codecs (for up to ``timeout`` s); False if the server
+        did not come back."""
         log.warning("fl: %s lost the server at %s, reconnecting", self.client_id, self.url)
         try:
-            self.ch = self._connect()
+            self.ch.reconnect(self.timeout)
         except TransportTimeout:
             return False
-        if selector is not None:
-            self.ch.set_codec(selector)
         return True
 
-    def send(self, tensors: Any, meta: dict[str, Any], selector: Any) -> Any:
+    def send(self, tensors: Any, meta: dict[str, Any]) -> Any:
         """Send, reconnecting once if the server went away meanwhile, and sending once more
         if the medium may have lost the message (a broker restarted without its state)."""
         try:
             return self.ch.send(tensors, meta)
         except PeerGone:
-            if not self.reopen(selector):
+            if not self.reopen():
                 raise
             return self.ch.send(tensors, meta)
         except DeliveryUncertain as exc:
@@ -251,25 +245,25 @@ def run_client(
     """
     torch.set_num_threads(threads)
     device = FLDevice(client_id, model=model, train_data=train_data, loss_fn=loss_fn)
-    security = credentials_from_dir(certs, "channel", client_id) if certs else {}
-    link = _Link(url, client_id, timeout, security)
+    security = {"credentials": Credentials.from_dir(certs, "channel", client_id)} if certs else {}
+    uplink = _Uplink(url, client_id, timeout, security)
     try:
         while True:
             try:
                 # a device waits for work as long as its server is there (sampled or not)
-                msg = link.ch.recv(timeout=None)
+                msg = uplink.ch.recv(timeout=None)
             except PeerGone:
-                if link.reopen(device.selector):
+                if uplink.reopen():
                     continue
                 log.warning("fl: %s: the server at %s is gone", client_id, url)
                 return device.rounds
-            if _handle(device, link, msg):
+            if _handle(device, uplink, msg):
                 return device.rounds
     finally:
-        link.ch.close()
+        uplink.ch.close()
 
 
-def _handle(device: FLDevice, link: _Link, msg: tensorwire.Message) -> bool:
+def _handle(device: FLDevice, uplink: _Uplink, msg: tensorwire.Message) -> bool:
     """Act on one message from the server; True when the run is over."""
     meta = msg.meta
     kind = meta.get("fl")
@@ -277,7 +271,7 @@ def _handle(device: FLDevice, link: _Link, msg: tensorwire.Message) -> bool:
         if meta.get("error"):
             log.warning("fl: %s: the run ended: %s", device.client_id, meta["error"])
         try:
-            link.ch.send(None, {"fl": "records", "records": device.rows})
+            uplink.ch.send(None, {"fl": "records", "records": device.rows})
         except TransportError as exc:
             log.warning("fl: %s could not send its records: %s", device.client_id, exc)
         return True
@@ -300,18 +294,18 @@ def _handle(device: FLDevice, link: _Link, msg: tensorwire.Message) -> bool:
             started = time.perf_counter()
             device.setup(meta["config"], meta.get("shard"))
             log.info("fl: %s set up in %.1f s", device.client_id, time.perf_counter() - started)
-            link.ch.set_codec(device.selector)
-            link.send(None, {"fl": "ready", "nonce": device.nonce}, device.selector)
+            uplink.ch.set_codec(device.selector)
+            uplink.send(None, {"fl": "ready", "nonce": device.nonce})
             return False
         if kind != "round" or isinstance(r, bool) or not isinstance(r, int):
             log.warning("fl: %s: ignoring a message of kind %r", device.client_id, kind)
             return False
         device.setup(meta["config"], (meta.get("shards") or {}).get(device.client_id))
-        link.ch.set_codec(device.selector)
+        uplink.ch.set_codec(device.selector)
         device.rows += _rows(r, "model", [msg.record], device.client_id)
         received = device.receive_model(msg)
         if received is None:  # a delta it cannot apply: ask for the whole model
-            link.send(None, {"fl": "resync", "round": r}, device.selector)
+            uplink.send(None, {"fl": "resync", "round": r})
             return False
         device.roll_back(r, meta)
         device.global_state, device.holds = received, (meta.get("run"), r)
@@ -325,10 +319,10 @@ def _handle(device: FLDevice, link: _Link, msg: tensorwire.Message) -> bool:
             "traceback": traceback.format_exc(),
         }
         with contextlib.suppress(TransportError):
-            link.ch.send(None, error)
+            uplink.ch.send(None, error)
         raise
     device.pending = (r, feedback_state(device.selector))
-    sent = link.send(
+    sent = uplink.send(
         {"update": update},
         {
             "fl": "update",
@@ -338,7 +332,6 @@ def _handle(device: FLDevice, link: _Link, msg: tensorwire.Message) -> bool:
             "train_loss": result.loss,
             "downlink_wall_s": msg.record.e2e_s if msg.record is not None else None,
         },
-        device.selector,
     )
     device.rows += _rows(r, "update", [sent], device.client_id)
     device.rounds += 1

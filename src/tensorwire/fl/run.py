@@ -11,7 +11,7 @@ from typing import Any
 from tensorwire.fl.config import FLConfig, is_factory_ref
 from tensorwire.fl.records import RunResult
 from tensorwire.fl.server import run_server
-from tensorwire.transports.local import local_hub_url
+from tensorwire.transports import local_hub_url
 
 
 def device_command(

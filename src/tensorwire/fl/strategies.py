@@ -15,13 +15,17 @@ tensor that did not arrive (``Message.loss``):
 - ``median`` / ``trimmed-mean``: coordinate-wise median, or mean after cutting the ``trim``
   fraction at each end (Yin et al., 2018): robust to a minority of absurd updates. A tensor
   that did not arrive whole is left out of them.
+
+As in Flower, a strategy configures each round (:meth:`Strategy.configure_round`: which
+devices, the deadline, the quorum) and aggregates it (:meth:`Strategy.aggregate_round`); the
+server's round loop does the rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,14 +46,58 @@ class Update:
     loss: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a round asks: the ``devices`` sampled, the ``deadline_s`` (seconds from the
+    round's start) they have, and the ``quorum`` of valid updates it needs to aggregate."""
+
+    devices: list[str]
+    deadline_s: float
+    quorum: int
+
+
+class DevicePool(Protocol):
+    """The devices a strategy samples from (the server's device manager)."""
+
+    def available(self) -> list[str]: ...
+
+    def sample(self, k: int, seed: Sequence[int]) -> list[str]: ...
+
+
 class Strategy:
-    """FedAvg. Subclasses change :meth:`aggregate` and keep their state with
-    :meth:`state` / :meth:`load_state` (checkpointed every round)."""
+    """FedAvg. Subclasses change :meth:`aggregate` (or the round's plan,
+    :meth:`configure_round`) and keep their state with :meth:`state` / :meth:`load_state`
+    (checkpointed every round)."""
 
     name = "fedavg"
 
     def __init__(self, loss_aware: bool = True) -> None:
         self.loss_aware = loss_aware
+
+    def configure_round(self, r: int, cfg: FLConfig, devices: DevicePool) -> RoundPlan:
+        """Round ``r``'s plan: ``cfg.clients_per_round`` of the available devices, or else
+        ``ceil(cfg.fraction * available)``, never fewer than the quorum (``cfg.min_updates``),
+        drawn by (``cfg.seed``, ``r``); the deadline is ``cfg.round_timeout``."""
+        available = len(devices.available())
+        k = cfg.clients_per_round or int(np.ceil(cfg.fraction * available))
+        k = min(max(k, cfg.min_updates), available)
+        sampled = devices.sample(k, [cfg.seed & 0xFFFFFFFF, r, 0x5A])
+        return RoundPlan(sampled, cfg.round_timeout, cfg.min_updates)
+
+    def aggregate_round(
+        self,
+        r: int,
+        cfg: FLConfig,
+        global_state: StateDict,
+        updates: Sequence[Update],
+        stale: Sequence[Update],
+        params: Collection[str],
+    ) -> StateDict:
+        """The model after round ``r``, which met its quorum, from its ``updates`` and the
+        ``stale`` ones of earlier rounds, weighted ``samples * (1 + age) ** -cfg.staleness``."""
+        for u in stale:
+            u.weight = u.samples * (1 + r - u.round) ** -cfg.staleness
+        return self.aggregate(global_state, [*updates, *stale], params)
 
     def aggregate(
         self, global_state: StateDict, updates: Sequence[Update], params: Collection[str]

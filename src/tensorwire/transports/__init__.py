@@ -21,7 +21,9 @@ from tensorwire.transports.base import (
     MembershipEvent,
     Timeouts,
     TransferRecord,
+    default_client_id,
 )
+from tensorwire.transports.local import local_hub_url
 from tensorwire.transports.registry import (
     KNOWN_TRANSPORTS,
     BrokerKind,
@@ -33,7 +35,6 @@ from tensorwire.transports.registry import (
     unknown_scheme,
     unregister_transport,
 )
-from tensorwire.transports.security import split_security_options
 
 
 def _load(url: str, role: str) -> Any:
@@ -53,9 +54,6 @@ def serve(url: str, **options: Any) -> Hub:
     ``fanout="sequential"`` makes :meth:`Hub.broadcast` reach one client after another.
     """
     cls = _load(url, "hub")
-    if cls.options_type is None:  # until every transport is on the template
-        url, security = split_security_options(url, "hub")
-        return cls(url, **security, **options)
     url, from_url = Credentials.from_url(url, "hub")
     return cls(url, cls.options_type.from_kwargs(options, from_url))
 
@@ -68,9 +66,6 @@ def connect(url: str, **options: Any) -> Channel:
     ``?ca=&cert=&certkey=&secret=``, prove who it is and encrypt the traffic.
     """
     cls = _load(url, "channel")
-    if cls.options_type is None:  # until every transport is on the template
-        url, security = split_security_options(url, "channel")
-        return cls(url, **security, **options)
     url, from_url = Credentials.from_url(url, "channel")
     return cls(url, cls.options_type.from_kwargs(options, from_url))
 
@@ -90,7 +85,9 @@ __all__ = [
     "TransferRecord",
     "TransportEntry",
     "connect",
+    "default_client_id",
     "get_transport",
+    "local_hub_url",
     "register_transport",
     "serve",
     "transports",

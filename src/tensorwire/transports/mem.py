@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 import weakref
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
@@ -26,6 +26,7 @@ from tensorwire.transports.session import (
     Data,
     HubSession,
     Joined,
+    State,
     Welcomed,
     bye,
 )
@@ -64,7 +65,6 @@ class MemHub(Hub):
     """A hub that channels of this process reach by its name."""
 
     protocol = "mem"
-    options_type: ClassVar[type[HubOptions]] = HubOptions
     sees_client_certificates = False
 
     def __init__(self, url: str, options: HubOptions) -> None:
@@ -133,7 +133,6 @@ class MemChannel(Channel):
     """A channel to the hub of this process that its URL names."""
 
     protocol = "mem"
-    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)
@@ -175,12 +174,9 @@ class MemChannel(Channel):
             except WireError as exc:
                 self._rejected(exc)
                 continue
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
 
     def _drop(self) -> None:
         self._finalizer()

@@ -44,6 +44,11 @@ def hub_url(request) -> str:
     return f"{BROKER}?prefix={_prefix()}"
 
 
+def later_hub_url(request) -> str:
+    """A prefix a channel can dial before a hub serves it (it says hello until one does)."""
+    return hub_url(request)
+
+
 def _connection(url: str, tls: Any = None) -> Any:
     """A raw pika connection to the broker of ``url`` (TLS for amqps:// or with ``tls``;
     without ``tls`` against the CAs the test trusts as the system's)."""

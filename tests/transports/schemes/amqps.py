@@ -32,6 +32,11 @@ def hub_url(request: pytest.FixtureRequest) -> str:
     return _amqp().tls_hub_url(request)
 
 
+def later_hub_url(request: pytest.FixtureRequest) -> str:
+    """A fresh prefix a channel can dial before a hub serves it."""
+    return hub_url(request)
+
+
 def private_broker(request: pytest.FixtureRequest) -> Any:
     """The session's private node, through its TLS listener, for restarts."""
     return _amqp().tls_private_broker(request)

@@ -58,6 +58,11 @@ def hub_url(request: pytest.FixtureRequest) -> str:
     return f"mqtt://{_broker_address(request)}/{_prefix()}"
 
 
+def later_hub_url(request: pytest.FixtureRequest) -> str:
+    """A fresh prefix a channel can dial before a hub serves it (it says hello until one does)."""
+    return hub_url(request)
+
+
 # --- brokers with a TLS listener ---------------------------------------------------------------
 
 
@@ -263,7 +268,8 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     the hub's (it makes the clients ask whether the hub is still there, nothing more)."""
     import numpy as np
 
-    from tensorwire.transports.mqtt import _one_chunk, _will
+    from tensorwire.transports.broker import one_chunk as _one_chunk
+    from tensorwire.transports.mqtt.will import will as _will
     from tensorwire.transports.session import ClientSession, HubSession, bye
     from tensorwire.wire import encode_message
 

@@ -31,6 +31,11 @@ def hub_url(request: pytest.FixtureRequest) -> str:
     return _mqtt().tls_hub_url(request)
 
 
+def later_hub_url(request: pytest.FixtureRequest) -> str:
+    """A fresh prefix a channel can dial before a hub serves it."""
+    return hub_url(request)
+
+
 def private_broker(request: pytest.FixtureRequest) -> Any:
     """A private persistent broker with a TLS listener, for this test."""
     return _mqtt().private_broker(request, tls=True)

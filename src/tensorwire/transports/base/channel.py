@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 from tensorwire.errors import TransportError, TransportTimeout
 from tensorwire.transports.base.dialling import deadline_after, default_client_id, dial
 from tensorwire.transports.base.endpoint import _Endpoint, _out_by_path
-from tensorwire.transports.base.logs import _log_limited
+from tensorwire.transports.base.logs import _log_limited, log
 from tensorwire.transports.base.options import ChannelOptions
 from tensorwire.transports.base.records import TransferRecord
-from tensorwire.transports.security import TLS, load_secret
-from tensorwire.transports.session import ClientSession, bye
+from tensorwire.transports.security import TLS
+from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
 from tensorwire.transports.streams import (
     ACK_KEY,
     DEFAULT_WINDOW,
@@ -42,7 +42,7 @@ MAX_HELD = 10_000  # a channel's messages kept while a stream waits for acknowle
 class Channel(_Endpoint, ABC):
     """The client side: one connection to a hub. Use as a context manager."""
 
-    options_type: ClassVar[type[ChannelOptions] | None] = None
+    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
     """The options this transport's channels take (``connect``'s keywords become one)."""
 
     url: str
@@ -54,12 +54,9 @@ class Channel(_Endpoint, ABC):
     _call_timeout: float | None = None
     _closed = True
 
-    def __init__(self, url: Any, options: Any, limits: Any = None) -> None:
-        if not isinstance(
-            options, ChannelOptions
-        ):  # not on the template yet: (codec, checksum, limits)
-            super().__init__(url, options, limits)
-            return
+    options: ChannelOptions
+
+    def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(options.codec, options.checksum, options.limits)
         self.url = url
         self.options = options
@@ -71,11 +68,11 @@ class Channel(_Endpoint, ABC):
 
     # -- what a transport implements ------------------------------------------------------
 
-    def _open(self, deadline: float | None) -> Any:
-        """One attempt to reach the hub by ``deadline``: connect, hello, its welcome (a
-        :class:`~tensorwire.transports.session.Welcomed`); keeps what it opened on the
-        channel. ``OSError`` is retried by :meth:`reconnect`; ``SessionRefused`` is final."""
-        raise NotImplementedError
+    @abstractmethod
+    def _open(self, deadline: float | None) -> Welcomed:
+        """One attempt to reach the hub by ``deadline``: connect, hello, its welcome; keeps
+        what it opened on the channel. ``OSError`` is retried by :meth:`reconnect`;
+        ``SessionRefused`` is final."""
 
     @abstractmethod
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
@@ -86,9 +83,9 @@ class Channel(_Endpoint, ABC):
         """The next message from the hub (data or a session message), decoded into ``out``
         where it fits; ``TransportTimeout`` at ``deadline``; ``PeerGone`` if the hub left."""
 
+    @abstractmethod
     def _drop(self) -> None:
         """Let go of the connection at once, without a goodbye; never raises."""
-        raise NotImplementedError
 
     def _say_goodbye(self) -> None:
         """Tell the hub this session ends (best effort: a hub that is gone is not waited for)."""
@@ -97,9 +94,7 @@ class Channel(_Endpoint, ABC):
 
     # -- the template ---------------------------------------------------------------------
 
-    def reconnect(
-        self, timeout: Any = None
-    ) -> None:  # Any: until every transport is on the template
+    def reconnect(self, timeout: float | None = None) -> None:
         """(Re)dial the hub and say hello with the same client id, in a new session, retrying
         with backoff for ``timeout`` seconds (default: the options' ``timeouts.connect``)."""
         if not self._closed:
@@ -124,6 +119,19 @@ class Channel(_Endpoint, ABC):
             self._drop()
             self._closed = True
 
+    def _is_data(self, session: ClientSession, msg: Message) -> bool:
+        """True if ``msg`` is data for the caller; else act on it: on the hub's bye, drop the
+        connection and raise why; log the rest. A transport may take open-session data itself
+        first (kind "data", session OPEN), to save a call per message."""
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            return True
+        if isinstance(event, Closed):
+            self._drop()
+            raise session.closed_error()
+        log.debug("%s: from the hub at %s: %s", self.protocol, redacted(self.url), event)
+        return False
+
     def _rejected(self, exc: Exception) -> None:
         """Something on this channel's medium was not a valid message from the hub: counted in
         :attr:`errors`, logged (rate-limited), never raised from ``recv``."""
@@ -132,11 +140,6 @@ class Channel(_Endpoint, ABC):
             f"channel {self.client_id} {type(exc).__name__}",
             f"{self.protocol}: {self.client_id}: dropped a message not from the hub: {exc}",
         )
-
-    def _credentials(self, tls: TLS | None, key: Any) -> None:
-        """Keep the channel's TLS settings and secret (bytes, hex, or a file of hex)."""
-        self.tls = tls
-        self.secret = None if key is None else load_secret(key)
 
     def _client_session(self, where: str, **hello_meta: Any) -> ClientSession:
         """A fresh session for one connection attempt, with this channel's settings."""

@@ -23,6 +23,7 @@ from tensorwire.transports.base.membership import MAX_EVENTS, Membership, Member
 from tensorwire.transports.base.options import HubOptions
 from tensorwire.transports.base.records import BroadcastResult, TransferRecord
 from tensorwire.transports.security import KeyAuthenticator
+from tensorwire.transports.session import Closed, Data, HubSession
 from tensorwire.transports.streams import (
     ACK_KEY,
     DEFAULT_WINDOW,
@@ -44,7 +45,7 @@ class Hub(Membership, ABC):
     are called from transport threads.
     """
 
-    options_type: ClassVar[type[HubOptions] | None] = None
+    options_type: ClassVar[type[HubOptions]] = HubOptions
     """The options this transport's hubs take (``serve``'s keywords become one)."""
 
     sees_client_certificates = True
@@ -57,13 +58,10 @@ class Hub(Membership, ABC):
     ``sequential`` (one unicast after another: the baseline of a server that loops over its
     devices). ``serve(url, fanout=...)`` sets it."""
 
-    def __init__(
-        self, url: str | None = None, options: HubOptions | None = None, **legacy: Any
-    ) -> None:
-        if options is None:
-            options = HubOptions.from_kwargs(legacy)
-        if url is not None:
-            self.url = url
+    options: HubOptions
+
+    def __init__(self, url: str, options: HubOptions) -> None:
+        self.url = url
         self.options = options
         super().__init__(options.codec, options.checksum, options.limits)
         self.on_join = options.on_join
@@ -125,6 +123,19 @@ class Hub(Membership, ABC):
             self._inbox.append((client_id, msg))
             self._cond.notify_all()
             return self._inbox.popleft()
+
+    def _received(self, client_id: str, session: HubSession, msg: Message) -> str | None:
+        """Act on a message of a member's open session: deliver data; return why the session
+        ended if it did (a bye); log the rest. A transport may deliver open-session data itself
+        first (kind "data", session OPEN), to save a call per message."""
+        event = session.receive(msg)
+        if isinstance(event, Data):
+            self._delivered(client_id, msg)
+        elif isinstance(event, Closed):
+            return event.reason
+        else:
+            log.debug("%s: %r: %s", self.protocol, client_id, event)
+        return None
 
     def _rejected(self, client_id: str, exc: Exception) -> None:
         _log_limited(

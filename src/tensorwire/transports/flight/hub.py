@@ -37,7 +37,7 @@ from tensorwire.transports.flight.options import (
 from tensorwire.transports.flight.peer import Job, Peer
 from tensorwire.transports.flight.server import FlightServer, caller
 from tensorwire.transports.flight.tls import certificate_name, server_tls
-from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession
+from tensorwire.transports.session import HELLO_LIMITS, HubSession
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Message, MessageStream
 
@@ -275,7 +275,9 @@ class FlightHub(Hub):
                     self._deliver(peer, stream)
                     self._rejected(peer.client_id, exc)
                     return f"sent bytes that are not a tensorwire message ({exc})"
-                if whole is not None and (reason := self._act(peer, whole)):
+                if whole is not None and (
+                    reason := self._received(peer.client_id, peer.session, whole)
+                ):
                     return reason
                 if reason := self._deliver(peer, stream):
                     return reason
@@ -288,7 +290,7 @@ class FlightHub(Hub):
                 if msg.kind == "data":
                     self._rejected(peer.client_id, WireError("data in app_metadata, not a batch"))
                     continue
-                if reason := self._act(peer, msg):
+                if reason := self._received(peer.client_id, peer.session, msg):
                     return reason
 
     def _deliver(self, peer: Peer, stream: MessageStream) -> str | None:
@@ -302,18 +304,8 @@ class FlightHub(Hub):
                 continue
             if not isinstance(msg, Message):  # NEED_DATA: no whole message buffered yet
                 return None
-            if reason := self._act(peer, msg):
+            if reason := self._received(peer.client_id, peer.session, msg):
                 return reason
-
-    def _act(self, peer: Peer, msg: Message) -> str | None:
-        event = peer.session.receive(msg)
-        if isinstance(event, Data):
-            self._delivered(peer.client_id, msg)
-        elif isinstance(event, Closed):
-            return event.reason
-        else:
-            log.debug("flight: %r: %s", peer.client_id, event)
-        return None
 
     def _end(self, peer: Peer, reason: str) -> None:
         """End a session (idempotent): it leaves, and its downlink says bye and ends."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 from tensorwire.errors import AuthenticationError, PeerGone, WireError
 from tensorwire.transports.base import (
@@ -23,7 +23,7 @@ from tensorwire.transports.quic.engine import Engine
 from tensorwire.transports.quic.messages import decode_stream
 from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
 from tensorwire.transports.quic.tls import channel_configuration
-from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
+from tensorwire.transports.session import ClientSession, State, Welcomed, bye
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Message
 
@@ -36,7 +36,6 @@ class QuicChannel(Channel):
     seconds."""
 
     protocol = "quic"
-    options_type: ClassVar[type[ChannelOptions] | None] = ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)
@@ -126,12 +125,9 @@ class QuicChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
 
     def quic_stats(self) -> dict[str, int]:
         """Packets sent, packets declared lost and probe timeouts on this connection."""

@@ -21,6 +21,7 @@ from tensorwire.transports.base import _log_limited, remaining
 from tensorwire.transports.quic.compat import host_connection_ids, peer_close, terminated
 from tensorwire.transports.quic.connection import APP_REFUSED, Connection
 from tensorwire.transports.quic.messages import SendJob
+from tensorwire.transports.sockets import drain, wake, waker
 from tensorwire.wire import EncodedMessage
 
 log = logging.getLogger("tensorwire.transports.quic")
@@ -45,9 +46,8 @@ class Engine:
         self.tick: Callable[[float], None] | None = None  # per-turn housekeeping
         self._calls: deque[Callable[[], None]] = deque()
         self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        for s in (self._wake_r, self._wake_w, sock):
-            s.setblocking(False)
+        self._wake_r, self._wake_w = waker()
+        sock.setblocking(False)
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
@@ -68,8 +68,7 @@ class Engine:
             fn()
             return
         self._calls.append(fn)
-        with contextlib.suppress(BlockingIOError, OSError):
-            self._wake_w.send(b"\0")
+        wake(self._wake_w)
 
     def add(self, connection: Connection) -> None:
         for cid in host_connection_ids(connection.conn):
@@ -82,8 +81,7 @@ class Engine:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+        wake(self._wake_w)
         if self._thread.is_alive() and not self.in_loop:
             self._thread.join(timeout)
 
@@ -122,8 +120,7 @@ class Engine:
         wait = self._next_wake(now)  # epoll rounds it up to whole milliseconds
         for key, _ in self._selector.select(wait):
             if key.data == "wake":
-                with contextlib.suppress(BlockingIOError):
-                    self._wake_r.recv(4096)
+                drain(self._wake_r)
             else:
                 self._receive()
 

@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
 from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, _log_limited
@@ -32,26 +32,22 @@ from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_ur
 from tensorwire.transports.quic.tls import hub_configuration, verify_client
 from tensorwire.transports.session import (
     HELLO_LIMITS,
-    Closed,
-    Data,
     HubSession,
     Joined,
+    State,
     bye,
 )
+from tensorwire.transports.sockets import MAX_HANDSHAKES
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.quic")
-
-MAX_HANDSHAKES = 64
-"""Connections at once that have not said hello; more are ignored until some have."""
 
 
 class QuicHub(Hub):
     """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
 
     protocol = "quic"
-    options_type: ClassVar[type[HubOptions] | None] = HubOptions
 
     def __init__(self, url: str, options: HubOptions) -> None:
         super().__init__(url, options)
@@ -150,15 +146,12 @@ class QuicHub(Hub):
         if cid is None:
             self._hello(connection, session, msg)
             return
-        event = session.receive(msg)
-        if isinstance(event, Data):
+        if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
             self._delivered(cid, msg)
-        elif isinstance(event, Closed):
-            connection.close(APP_CLOSED, event.reason or "said goodbye")
-            connection.close_reason = event.reason or "said goodbye"
+        elif reason := self._received(cid, session, msg):  # a bye
+            connection.close(APP_CLOSED, reason)
+            connection.close_reason = reason
             self._ended(connection, session)
-        else:
-            log.debug("quic: %r: %s", cid, event)
 
     def _send_now(self, connection: Connection, enc: EncodedMessage) -> None:
         connection.submit(SendJob.of(enc))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import math
 import os
 import select
 import socket
@@ -23,6 +22,7 @@ from tensorwire.errors import (
     TransportTimeout,
 )
 from tensorwire.transports.base import remaining
+from tensorwire.transports.sockets import shutdown, wait_ready
 from tensorwire.wire import encode_message
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
@@ -48,9 +48,10 @@ def check_peer_user(sock: socket.socket, trust_other_users: bool) -> None:
         )
 
 
-def who(sock: socket.socket) -> str:
+def who(sock: socket.socket, address: Any = None) -> str:
     """The process at the other end of ``sock``, for logs: "pid N" (one key per process, so
-    that a flood of connections from one is logged as one)."""
+    that a flood of connections from one is logged as one); a Unix socket's ``address`` (the
+    :class:`Listener` passes it) names nobody."""
     try:
         return f"pid {peer_cred(sock)[0]}"
     except OSError:
@@ -75,21 +76,6 @@ def close_fds(fds: list[int]) -> None:
     fds.clear()
 
 
-def wait_ready(sock: socket.socket, events: int, deadline: float | None, what: str) -> None:
-    """Block until ``sock`` is ready for ``events`` (select.POLL*); TransportTimeout at deadline."""
-    poller = select.poll()
-    try:
-        poller.register(sock, events)
-    except (ValueError, OSError):  # closed under us
-        raise PeerGone("shm: the connection is closed") from None
-    while True:
-        left = remaining(deadline)
-        if left == 0.0:
-            raise TransportTimeout(f"shm: {what} timed out")
-        if poller.poll(None if left is None else max(1, math.ceil(left * 1000))):
-            return
-
-
 def try_send(sock: socket.socket, parts: list[Any], fds: list[int] | None) -> bool:
     """One attempt at sending a packet (``parts`` joined, ``fds`` attached) without waiting;
     False when the socket has no room. A packet goes whole or not at all."""
@@ -111,7 +97,7 @@ def send_packet(
     Never blocks the socket itself, so threads can share it without a lock.
     """
     while not try_send(sock, parts, fds):
-        wait_ready(sock, select.POLLOUT, deadline, "send")
+        wait_ready(sock, select.POLLOUT, deadline, "shm: send")
 
 
 def recv_packet(
@@ -123,7 +109,7 @@ def recv_packet(
     connection; ``MessageTooLarge`` (descriptors closed) for a packet longer than ``buf``.
     """
     if deadline is not None:
-        wait_ready(sock, select.POLLIN, deadline, "receive")
+        wait_ready(sock, select.POLLIN, deadline, "shm: receive")
     try:
         n, ancillary, flags, _ = sock.recvmsg_into([buf], _ANCILLARY)
     except OSError as exc:
@@ -173,7 +159,7 @@ def send_each(
                 poller.register(conn.sock, select.POLLOUT)
         except (ValueError, OSError):  # closed under us: the next try says so
             continue
-        poller.poll(None if left is None else max(1, math.ceil(left * 1000)))
+        poller.poll(None if left is None else left * 1000)  # poll rounds up to whole ms
     return failed
 
 
@@ -191,5 +177,4 @@ class Connection:
     def shutdown(self) -> None:
         """Mark it dead and wake its reader; the reader's owner closes the socket."""
         self.alive = False
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
+        shutdown(self.sock)

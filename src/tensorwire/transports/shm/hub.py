@@ -10,13 +10,13 @@ import socket
 import threading
 import time
 import uuid
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
 from tensorwire.transports.base import Hub, HubOptions, deadline_after
 from tensorwire.transports.security import TLS
-from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, bye
+from tensorwire.transports.session import HELLO_LIMITS, HubSession, State, bye
 from tensorwire.transports.shm.connection import (
     Connection,
     check_peer_user,
@@ -31,7 +31,6 @@ from tensorwire.transports.shm.options import (
     BYE_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     INLINE_BYTES,
-    MAX_HANDSHAKES,
     ShmHubOptions,
     address,
     name_of,
@@ -40,6 +39,7 @@ from tensorwire.transports.shm.options import (
 )
 from tensorwire.transports.shm.outbox import Outbox, send_message
 from tensorwire.transports.shm.releaser import Releaser
+from tensorwire.transports.sockets import Listener
 from tensorwire.wire import EncodedMessage, decode_message
 
 log = logging.getLogger("tensorwire.transports.shm")
@@ -64,45 +64,29 @@ class ShmHub(Hub):
             _no_tls(self.tls, credentials.keys is not None or credentials.authenticate is not None)
         seed_bandwidth(self.selector)
         self.url = f"shm://{name}"
-        self._lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._lsock.bind(address(name))
+            lsock.bind(address(name))
         except OSError as exc:
-            self._lsock.close()
+            lsock.close()
             raise TransportError(
                 f"cannot serve {self.url}: {exc} (another hub serves that name? pick another)"
             ) from None
-        self._lsock.listen(options.backlog)
+        lsock.listen(options.backlog)
         self._outbox = Outbox(options.max_segments, options.cache_bytes)
         self._releaser = Releaser(f"tensorwire-shm-release-{name}")
         self._conns: dict[str, Connection] = {}
-        self._lock = threading.Lock()
-        self._threads: set[threading.Thread] = set()  # one per connection, until it ends
-        self._accepting = threading.Thread(
-            target=self._accept_loop, name=f"tensorwire-shm-accept-{name}", daemon=True
+        self._lock = threading.Lock()  # guards _conns
+        self._listener = Listener(
+            lsock,
+            name=f"tensorwire-shm-{name}",
+            handshake=self._handshake,
+            serve=self._serve_connection,
+            refused=self._refused,
+            who=who,
         )
-        self._accepting.start()
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, _ = self._lsock.accept()
-            except OSError:
-                return  # listening socket shut down by close()
-            with self._lock:
-                crowded = len(self._threads) - len(self._conns) >= MAX_HANDSHAKES
-            if crowded:  # a flood of silent connections must not cost a thread each
-                self._refused(who(sock), TransportError("too many handshakes"))
-                sock.close()
-                continue
-            t = threading.Thread(
-                target=self._serve_connection, args=(sock,), name="tensorwire-shm-conn", daemon=True
-            )
-            with self._lock:
-                self._threads.add(t)
-            t.start()
-
-    def _handshake(self, sock: socket.socket) -> HubSession:
+    def _handshake(self, sock: socket.socket, _address: Any) -> tuple[socket.socket, HubSession]:
         """Read the hello (under HELLO_LIMITS) and answer it; raise why if it is refused."""
         deadline = deadline_after(HANDSHAKE_TIMEOUT)
         buf = bytearray(HELLO_LIMITS.max_message_bytes)
@@ -119,17 +103,11 @@ class ShmHub(Hub):
                 send_packet(sock, [session.refusal(exc).to_bytes()], deadline_after(BYE_TIMEOUT))
             raise
         send_packet(sock, [session.welcome().to_bytes()], deadline)
-        return session
+        return sock, session
 
-    def _serve_connection(self, sock: socket.socket) -> None:
-        try:
-            session = self._handshake(sock)
-        except (WireError, TransportError) as exc:
-            self._refused(who(sock), exc)
-            sock.close()
-            with self._lock:
-                self._threads.discard(threading.current_thread())
-            return
+    def _serve_connection(self, admitted: tuple[socket.socket, HubSession]) -> None:
+        """An admitted connection's thread: membership, then reading to its end."""
+        sock, session = admitted
         hello = session.hello
         assert hello is not None
         cid = hello.client_id
@@ -147,7 +125,6 @@ class ShmHub(Hub):
             current = self._conns.get(cid) is conn
             if current:
                 del self._conns[cid]
-            self._threads.discard(threading.current_thread())
         conn.shutdown()
         self._outbox.forget(conn)
         mappings.close()
@@ -192,14 +169,10 @@ class ShmHub(Hub):
         elif msg.kind == "drop":
             mappings.drop(count_of(msg.meta, "seg"))
             return None
-        event = session.receive(msg)
-        if isinstance(event, Data):
+        if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
             self._delivered(conn.peer, msg)
-        elif isinstance(event, Closed):
-            return event.reason
-        else:
-            log.debug("shm: %r: %s", conn.peer, event)
-        return None
+            return None
+        return self._received(conn.peer, session, msg)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
@@ -224,20 +197,15 @@ class ShmHub(Hub):
             raise result
 
     def _close_transport(self) -> None:
-        with contextlib.suppress(OSError):
-            self._lsock.shutdown(socket.SHUT_RDWR)
-        self._lsock.close()
-        self._accepting.join(timeout=5)
+        self._listener.close()
         with self._lock:
             conns = list(self._conns.values())
-            threads = list(self._threads)
         goodbye = bye("the hub is closing").to_bytes()
         for conn in conns:
             with contextlib.suppress(TransportError):
                 conn.send([goodbye], deadline_after(BYE_TIMEOUT))
             conn.shutdown()
-        for t in threads:
-            t.join(timeout=5)
+        self._listener.join(timeout=5)
         self._outbox.close()
         self._releaser.stop()
 

@@ -23,7 +23,6 @@ MAX_MAPPED = 256
 SHM_BANDWIDTH = 4e9
 """Bytes/s a same-host copy moves: where ``codec="auto"`` starts its link estimate."""
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to say hello
-MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye (or dropping a segment) before giving up
 RELEASE_TIMEOUT = 10.0  # seconds a release notice may wait for room in the socket
 

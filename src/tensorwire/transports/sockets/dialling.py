@@ -21,7 +21,11 @@ def connect_stream(
     and key agreement (checking the certificate names ``server_name``, default the host), as a
     :class:`TlsStream`, which the kit's functions take in place of a socket."""
     sock = socket.create_connection(address, timeout=remaining(deadline))
-    tune(sock)
+    try:
+        tune(sock)
+    except OSError:
+        sock.close()
+        raise
     if context is None:
         return sock
     name = server_name or address[0]

@@ -6,14 +6,18 @@ import select
 import socket
 import time
 
-from tensorwire.errors import TransportTimeout
+from tensorwire.errors import PeerGone, TransportTimeout
 
 
 def wait_ready(sock: socket.socket, events: int, deadline: float | None, what: str) -> None:
     """Wait in ``poll`` until ``sock`` is ready for ``events``; ``TransportTimeout`` at the
-    deadline (``time.monotonic()`` seconds; None waits as long as it takes)."""
+    deadline (``time.monotonic()`` seconds; None waits as long as it takes), ``PeerGone`` if
+    another thread closed ``sock``. ``poll`` rounds the wait up to whole milliseconds."""
     poller = select.poll()
-    poller.register(sock, events)
+    try:
+        poller.register(sock, events)
+    except (ValueError, OSError):  # closed under us (a ValueError is no connection error)
+        raise PeerGone(f"{what}: the connection is closed") from None
     while True:
         if deadline is None:
             left_ms = None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from typing import Any
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, TransportError, WireError
 from tensorwire.transports.base import Channel, ChannelOptions
-from tensorwire.transports.session import Closed, Data, State, Welcomed
+from tensorwire.transports.session import State, Welcomed
 from tensorwire.transports.sockets import StreamReader, connect_stream, send_encoded, shutdown
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Message, MessageStream
@@ -18,7 +18,6 @@ class TcpChannel(Channel):
     """A client's connection to a :class:`TcpHub`; dials for ``timeouts.connect`` seconds."""
 
     protocol = "tcp"
-    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)
@@ -68,14 +67,9 @@ class TcpChannel(Channel):
             except PeerGone:
                 self._drop()
                 raise
-            if msg.kind == "data" and self._session.state is State.OPEN:  # receive's Data
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            event = self._session.receive(msg)
-            if isinstance(event, Data):
-                return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise self._session.closed_error()
 
     def _drop(self) -> None:
         self._closed = True  # at once: a send or read that failed drops the connection too

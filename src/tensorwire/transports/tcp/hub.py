@@ -230,13 +230,10 @@ class TcpHub(Hub):
                 return str(exc)
             if msg is None:
                 return None
-            event = session.receive(msg)
-            if isinstance(event, Data):
+            if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
                 self._delivered(peer.client_id, msg)
-            elif isinstance(event, Closed):
-                return event.reason
-            else:
-                log.debug("tcp: %r: %s", peer.client_id, event)
+            elif reason := self._received(peer.client_id, session, msg):
+                return reason
 
     def _delivered(self, client_id: str, msg: Message) -> None:
         super()._delivered(client_id, msg)

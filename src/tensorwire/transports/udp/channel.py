@@ -13,18 +13,17 @@ import select
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from tensorwire.errors import PeerGone, SessionRefused, TransportError, TransportTimeout, WireError
+from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
 from tensorwire.transports.base import (
     BYE_TIMEOUT,
     Channel,
     ChannelOptions,
     Inbox,
     deadline_after,
-    remaining,
 )
 from tensorwire.transports.session import (
     CONTROL_KINDS,
@@ -33,7 +32,7 @@ from tensorwire.transports.session import (
     Welcomed,
     bye,
 )
-from tensorwire.transports.stream_socket import sendmsg_all, wait_ready
+from tensorwire.transports.sockets import connect_stream, sendmsg_all, shutdown, wait_ready
 from tensorwire.transports.udp.flow import Flow
 from tensorwire.transports.udp.flow_base import control_limits
 from tensorwire.transports.udp.loop import IoLoop
@@ -62,8 +61,7 @@ DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at
 
 
 def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+    shutdown(sock)
     sock.close()
 
 
@@ -105,16 +103,11 @@ def _tls_handshake(sock: socket.socket, tls: TlsPipe, deadline: float | None) ->
 
 def _first_messages(reader: ControlReader, deadline: float | None) -> list[Message | WireError]:
     """Read until the first control message is in; return all that came with it."""
-    poller = select.poll()
-    poller.register(reader.sock, select.POLLIN)
     while True:
-        left = remaining(deadline)
-        if left == 0.0:
-            raise TransportTimeout("the hub did not answer hello in time")
-        if poller.poll(None if left is None else max(int(left * 1000), 1)):
-            items = reader.read()
-            if items:
-                return items
+        wait_ready(reader.sock, select.POLLIN, deadline, "hello: the hub's answer")
+        items = reader.read()
+        if items:
+            return items
 
 
 def _hub_udp_port(welcome: Welcomed, default: int) -> int:
@@ -139,7 +132,6 @@ class UdpChannel(Channel):
     """
 
     protocol = "udp"
-    options_type: ClassVar[type[ChannelOptions]] = ChannelOptions
     options: ChannelOptions
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
@@ -156,10 +148,8 @@ class UdpChannel(Channel):
     # -- connecting ----------------------------------------------------------------------
 
     def _open(self, deadline: float | None) -> Welcomed:
-        control = socket.create_connection((self._host, self._port), timeout=remaining(deadline))
+        control = connect_stream((self._host, self._port), deadline)
         try:
-            control.settimeout(None)  # blocking: deadlines are per call, never the socket's
-            control.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             udp = connected_udp(self._host, self._port, self.settings.buffer)
             try:
                 conn = self._hello(control, udp, deadline)
@@ -309,8 +299,7 @@ class UdpChannel(Channel):
         flow.close(gone)
         self._loop.remove(flow.control)
         self._loop.remove(self._udp)
-        with contextlib.suppress(OSError):  # the hub learns at once that this session ended
-            flow.control.shutdown(socket.SHUT_RDWR)
+        shutdown(flow.control)  # the hub learns at once that this session ended
         self._inbox.fail(gone)
 
     # -- API ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +48,7 @@ from tensorwire.transports.session import (
     Joined,
     bye,
 )
+from tensorwire.transports.sockets import MAX_HANDSHAKES, shutdown, tune
 from tensorwire.transports.udp.flow import Flow
 from tensorwire.transports.udp.flow_base import control_limits
 from tensorwire.transports.udp.loop import IoLoop
@@ -77,7 +78,6 @@ from tensorwire.wire.tensors import TensorPath, flatten
 log = logging.getLogger("tensorwire.transports.udp")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new control connection has to say hello
-MAX_HANDSHAKES = 64  # control connections at once that have not said hello; more are closed
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye to all clients before closing anyway
 DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at other sockets
 STRANGER_REPORT_S = 1.0  # datagrams from strangers are reported at most this often (seconds)
@@ -100,8 +100,7 @@ class _Joined:
 
 
 def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already closed or never connected
-        sock.shutdown(socket.SHUT_RDWR)
+    shutdown(sock)
     sock.close()
 
 
@@ -115,7 +114,6 @@ class UdpHub(Hub):
     """
 
     protocol = "udp"
-    options_type: ClassVar[type[HubOptions]] = HubOptions
 
     def __init__(self, url: str, options: HubOptions) -> None:
         super().__init__(url, options)
@@ -226,7 +224,7 @@ class UdpHub(Hub):
             )
             _close(conn)
             return
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune(conn)
         tls = None if self._ssl is None else TlsPipe(self._ssl, server_side=True)
         hs = _Handshake(
             conn,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import selectors
 import socket
@@ -12,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 
 from tensorwire.transports.base import _log_limited
+from tensorwire.transports.sockets import drain, wake, waker
 
 log = logging.getLogger("tensorwire.transports.udp")
 
@@ -33,10 +35,9 @@ class IoLoop:
         self.name = name
         self._tick = tick
         self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, [self._on_wake, None])
+        self._wake_r, self._wake_w = waker()
+        on_wake = functools.partial(drain, self._wake_r)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, [on_wake, None])
         self._calls: deque[Handler] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -51,8 +52,7 @@ class IoLoop:
     def call(self, fn: Handler) -> None:
         """Run ``fn`` in the loop's thread, soon."""
         self._calls.append(fn)
-        with contextlib.suppress(BlockingIOError, OSError):  # a wake-up is already pending
-            self._wake_w.send(b"\0")
+        wake(self._wake_w)
 
     def _here(self, fn: Handler) -> None:
         """Run ``fn`` now if this is the loop's thread (or it has not started), else soon;
@@ -111,10 +111,6 @@ class IoLoop:
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
-
-    def _on_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            self._wake_r.recv(4096)
 
     def _run(self) -> None:
         try:

@@ -3,7 +3,7 @@ by the I/O loop through memory BIOs, and an AEAD seal on every datagram under a 
 it.
 
 The control sockets are read by a non-blocking I/O loop that must never wait on one peer, so
-the TLS connection here has no socket of its own (unlike ``stream_socket.TlsStream``, which
+the TLS connection here has no socket of its own (unlike ``sockets.TlsStream``, which
 waits in ``poll``): the loop hands it the ciphertext it read, takes the plaintext out, and
 queues the records :meth:`TlsPipe.encrypt` makes on the control writer, which sends them as
 the socket drains. The hub runs the handshake in the loop the same way, so a slow or silent
@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from tensorwire.errors import AuthenticationError, PeerGone, SessionRefused, TransportError
 from tensorwire.transports.security import ReplayWindow
-from tensorwire.transports.stream_socket import tls_error
+from tensorwire.transports.sockets import tls_error
 from tensorwire.wire import CHUNK_HEADER_SIZE
 
 DATAGRAM_KEY_BYTES = 32

@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
+from tensorwire.errors import PeerGone, TransportError, WireError
+from tensorwire.transports.sockets import wait_ready
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.secure import TlsPipe
 from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
@@ -157,12 +158,7 @@ def send_datagram(
             if exc.errno == errno.ENOBUFS:  # a full queue dropped it, like a lossy link would
                 return
             raise TransportError(f"cannot send a datagram: {exc}") from None
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise TransportTimeout("timed out waiting for room in the UDP send buffer")
-        poller = select.poll()
-        poller.register(sock, select.POLLOUT)
-        poller.poll(None if left is None else max(int(left * 1000), 1))
+        wait_ready(sock, select.POLLOUT, deadline, "waiting for room in the UDP send buffer")
 
 
 class ControlReader:

@@ -26,7 +26,7 @@ from tensorwire.transports.base import (
     deadline_after,
     remaining,
 )
-from tensorwire.transports.session import Closed, Data, State, Welcomed, bye
+from tensorwire.transports.session import State, Welcomed, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
 from tensorwire.transports.zmq.curve import (
@@ -290,16 +290,9 @@ class ZmqChannel(Channel):
                     continue
             if isinstance(msg, WireError):
                 raise msg
-            session = self._session
-            if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
-            event = session.receive(msg)
-            if isinstance(event, Data):
-                return msg
-            if isinstance(event, Closed):
-                self._drop()
-                raise session.closed_error()
-            log.debug("zmq: from the hub at %s: %s", self.url, event)
 
     def _first_of(self, events: list[Message | WireError]) -> Message | WireError | None:
         """The first of ``events`` (the others wait in ``_pending``); None if there are none."""
