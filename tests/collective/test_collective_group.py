@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensorwire.collective import CollectiveError, Group, RankFailed, Rendezvous
+from tensorwire.collective import CollectiveError, CollectiveMismatch, Group, RankFailed, Rendezvous
 
 
 def in_threads(size: int, body: Callable[[int], Any], timeout: float = 60) -> list[Any]:
@@ -150,3 +150,19 @@ def test_a_rank_that_never_calls_the_operation_is_named_at_the_deadline() -> Non
     errors = in_threads(3, body)[:2]
     assert [e.rank for e in errors] == [2, 2], errors
     assert all("had not started operation #1" in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_rank_with_another_dtype_is_a_typed_error_on_every_rank(algorithm: str) -> None:
+    url = f"mem://coll-{uuid.uuid4().hex}"
+
+    def body(rank: int) -> Any:
+        with Group.join(url, rank=rank, size=3, timeout=30) as group:
+            x = np.ones(1000, np.float64 if rank == 1 else np.float32)
+            with pytest.raises(CollectiveMismatch) as info:
+                group.allreduce(x, algorithm=algorithm)  # type: ignore[arg-type]
+            return info.value
+
+    errors = in_threads(3, body)
+    assert all(isinstance(e, CollectiveMismatch) for e in errors), errors
+    assert all("float64[1000]" in str(e) and "float32[1000]" in str(e) for e in errors), errors

@@ -17,7 +17,7 @@ from collections import deque
 import numpy as np
 
 from tensorwire.collective import messages
-from tensorwire.collective.state import GroupState
+from tensorwire.collective.state import GroupState, abort_notice
 from tensorwire.errors import (
     CollectiveMismatch,
     PeerGone,
@@ -172,7 +172,8 @@ class PeerLink:
             elif msg.kind == messages.BEAT:
                 self.peer_seq = max(self.peer_seq, int(meta.get("seq", 0)))
             elif msg.kind == messages.ABORT:
-                rank, reason = int(meta.get("rank", self.peer)), str(meta.get("reason", ""))
+                rank, reason = int(meta.get("rank", -1)), str(meta.get("reason", ""))
+                rank = self.peer if rank < 0 else rank  # a failure that names no rank
                 reason = f"{reason} (as rank {self.peer} found)"
                 error = CollectiveMismatch if meta.get("mismatch") else RankFailed
                 state.fail(error(rank, reason), tell=False)
@@ -193,9 +194,12 @@ class PeerLink:
     # -- closing ------------------------------------------------------------------------
 
     def close(self, timeout: float) -> None:
-        """Say bye (within ``timeout`` seconds), then close the connection."""
-        if self.gone is None and self._state.failure is None:
-            self.post(messages.bye(), time.monotonic() + timeout, control=True)
+        """Say bye, or why the group failed (within ``timeout`` seconds), then close the
+        connection: a peer must not take this end for a failure of this rank's own."""
+        if self.gone is None:
+            failure = self._state.failure
+            last = messages.bye() if failure is None else abort_notice(failure)
+            self.post(last, time.monotonic() + timeout, control=True)
         with self._work:
             self._stopping = True
             self._work.notify()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tensorwire.collective import messages
 from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
+from tensorwire.wire import EncodedMessage
 
 if TYPE_CHECKING:
     from tensorwire.collective.link import PeerLink
@@ -19,6 +20,13 @@ log = logging.getLogger("tensorwire.collective")
 
 MAX_REFUSALS = 100  # refused strangers remembered (the rest are only logged)
 ABORT_SEND_S = 2.0  # seconds an abort notice may take to reach a rank
+
+
+def abort_notice(exc: CollectiveError) -> EncodedMessage:
+    """The message that tells another rank the group failed with ``exc``."""
+    rank = getattr(exc, "rank", -1)
+    reason = getattr(exc, "reason", str(exc))
+    return messages.abort(rank, reason, isinstance(exc, CollectiveMismatch))
 
 
 class GroupState:
@@ -58,10 +66,7 @@ class GroupState:
             self.failure = exc
             log.warning("rank %d: %s", self.rank, exc)
             if tell:
-                rank = getattr(exc, "rank", self.rank)
-                notice = messages.abort(
-                    rank, getattr(exc, "reason", str(exc)), isinstance(exc, CollectiveMismatch)
-                )
+                notice = abort_notice(exc)
                 for link in self.links.values():
                     link.post(notice, time.monotonic() + ABORT_SEND_S, control=True)
             self.changed.notify_all()
