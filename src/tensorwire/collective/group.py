@@ -21,7 +21,7 @@ from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward
 from tensorwire.collective.state import GroupState
 from tensorwire.wire import Limits
 
-Algorithm = Literal["ring", "recursive_doubling", "tree"]
+AllreduceAlgorithm = Literal["ring", "recursive_doubling"]
 
 ENV_RENDEZVOUS = "TENSORWIRE_RENDEZVOUS"
 """A hub URL for :meth:`Group.from_env` to meet at, in place of ``MASTER_ADDR``'s."""
@@ -30,7 +30,7 @@ TORCHRUN_PORT_OFFSET = 1
 """:meth:`Group.from_env`'s hub listens on ``MASTER_PORT + 1``: torchrun's own store may
 hold ``MASTER_PORT`` itself."""
 
-CLOSE_S = 5.0  # seconds a closing rank waits for its byes to go out
+CLOSE_S = 5.0  # seconds a closing rank waits for its last words to go out
 
 
 def _describe(arr: np.ndarray) -> str:
@@ -51,7 +51,7 @@ class Group:
     """
 
     def __init__(
-        self, state: GroupState, mesh: Mesh, options: GroupOptions, address: tuple[str, int]
+        self, state: GroupState, mesh: Mesh, options: GroupOptions, address: Address
     ) -> None:
         self._state = state
         self._mesh = mesh
@@ -168,7 +168,7 @@ class Group:
         op: ReduceOp = "sum",
         *,
         out: Any = None,
-        algorithm: Algorithm | None = None,
+        algorithm: AllreduceAlgorithm | None = None,
         timeout: float | None = None,
     ) -> Any:
         """Combine ``x`` element-wise over every rank (``op``: sum, mean, min, max), in
