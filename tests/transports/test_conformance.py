@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import scheme_hooks
+from waiting import until_inside
 
 import tensorwire
 from tensorwire.errors import GatherTimeout, PeerGone, TransportTimeout
@@ -155,8 +156,10 @@ def test_client_leaving_mid_gather_is_not_waited_for(make_hub, connect):
     left = threading.Event()
     hub.on_leave = lambda cid, reason: left.set()
 
+    gathering = threading.current_thread()
+
     def leave_later() -> None:
-        time.sleep(0.3)
+        until_inside(gathering, "gather")
         b.close()
 
     threading.Thread(target=leave_later).start()

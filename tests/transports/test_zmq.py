@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from recording_proxy import RecordingProxy
+from waiting import until_inside
 
 zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (extra 'zmq')")
 
@@ -174,7 +175,7 @@ def test_a_hub_that_vanishes_without_bye_raises_peer_gone(ctx):
     t = threading.Thread(target=client)
     t.start()
     _fake_welcome(fake)
-    time.sleep(0.2)  # let the client get into recv
+    until_inside(t, "_recv_message")
     fake.close(linger=0)
     t.join(T)
     assert isinstance(result.get("exc"), PeerGone)
@@ -215,7 +216,7 @@ def test_a_channel_sends_while_another_thread_waits_in_recv(hub):
         got: list[object] = []
         waiter = threading.Thread(target=lambda: got.append(ch.recv(timeout=T)))
         waiter.start()
-        time.sleep(0.2)  # the waiter is in poll
+        until_inside(waiter, "_recv_message")
         ch.send({"u": np.ones(3)})
         assert hub.recv(timeout=T)[0] == "t"
         hub.send("t", {"w": np.arange(2)})
@@ -783,7 +784,7 @@ def test_close_ends_a_recv_waiting_without_a_timeout():
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.2)  # in recv, waiting in poll
+    until_inside(t, "recv")
     t0 = time.monotonic()
     hub.close()
     t.join(T)
