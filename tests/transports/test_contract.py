@@ -93,8 +93,8 @@ def test_every_registered_transport_fills_in_the_template(entry):
         pytest.skip(str(exc))
     assert not inspect.isabstract(hub), hub.__abstractmethods__
     assert not inspect.isabstract(channel), channel.__abstractmethods__
-    assert issubclass(hub.options_type, HubOptions)
-    assert issubclass(channel.options_type, ChannelOptions)
+    assert issubclass(entry.options_type("hub"), HubOptions)
+    assert issubclass(entry.options_type("channel"), ChannelOptions)
 
 
 def test_an_unknown_keyword_names_what_the_transport_takes():

@@ -138,6 +138,11 @@ class TransportEntry:
         extra to install if an import fails)."""
         return load_dotted(getattr(self, role), self.extra, what=f"{self.scheme}://")
 
+    def options_type(self, role: Literal["hub", "channel"]) -> Any:
+        """The typed options its hub or channel takes (what ``serve`` / ``connect`` keywords
+        become): a ``HubOptions`` or ``ChannelOptions`` subclass."""
+        return self.load(role).options_type
+
     @property
     def protocols(self) -> tuple[str, ...]:
         """Every name ``bench fl --protocols`` runs it under: :attr:`name`, then variants."""
