@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from tensorwire.collective import messages
-from tensorwire.collective.link import PeerLink
+from tensorwire.collective.connection import RankConnection
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import AuthenticationError, RankFailed, SessionRefused, TransportError
 from tensorwire.transports.sockets import (
@@ -75,10 +75,10 @@ class Mesh:
         for peer in range(state.rank):
             self._dial(peer, addresses[peer], deadline)
         with state.lock:
-            while len(state.links) < state.size - 1:
+            while len(state.connections) < state.size - 1:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = min(set(range(state.size)) - set(state.links) - {state.rank})
+                    missing = min(set(range(state.size)) - set(state.connections) - {state.rank})
                     raise RankFailed(missing, f"did not connect to rank {state.rank} in time")
                 state.changed.wait(left)
 
@@ -100,7 +100,9 @@ class Mesh:
         except (OSError, ValueError) as exc:
             sock.close()
             raise RankFailed(peer, f"did not welcome rank {state.rank}: {exc}") from None
-        state.add_link(PeerLink(peer, sock, _opened(reader, self._limits), state, self._heartbeat))
+        state.add_connection(
+            RankConnection(peer, sock, _opened(reader, self._limits), state, self._heartbeat)
+        )
 
     def _admit(self, conn: socket.socket, address: Any) -> Admitted:
         """The handshake of a connection to the listener (the kit's Listener thread)."""
@@ -118,7 +120,7 @@ class Mesh:
         with state.lock:
             if not isinstance(peer, int) or not state.rank < peer < state.size:
                 raise SessionRefused(f"claims rank {peer!r}, which does not dial rank {state.rank}")
-            if peer in state.links:
+            if peer in state.connections:
                 raise SessionRefused(f"claims rank {peer}, which is connected already")
         try:
             send_encoded(conn, messages.welcome(state.rank), deadline)
@@ -127,20 +129,20 @@ class Mesh:
         return peer, conn, reader
 
     def _serve(self, admitted: Admitted) -> None:
-        peer, conn, reader = admitted
+        peer, sock, reader = admitted
         state = self._state
         with state.lock:
-            if peer in state.links:  # two hellos from one rank raced through the handshake
+            if peer in state.connections:  # two hellos from one rank raced through the handshake
                 state.refused(str(peer), SessionRefused(f"rank {peer} connected twice"))
-                shutdown(conn)
-                conn.close()
+                shutdown(sock)
+                sock.close()
                 return
-            link = PeerLink(peer, conn, _opened(reader, self._limits), state, self._heartbeat)
-            state.add_link(link)
+            opened = _opened(reader, self._limits)
+            state.add_connection(RankConnection(peer, sock, opened, state, self._heartbeat))
 
     def close(self, timeout: float) -> None:
         """Stop listening; say bye on every link and close it."""
         if self._listener is not None:
             self._listener.close()
-        for link in list(self._state.links.values()):
-            link.close(timeout)
+        for conn in list(self._state.connections.values()):
+            conn.close(timeout)

@@ -10,7 +10,7 @@ from typing import NoReturn
 import numpy as np
 
 from tensorwire.collective import messages
-from tensorwire.collective.link import PeerLink
+from tensorwire.collective.connection import RankConnection
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import CollectiveMismatch, RankFailed
 
@@ -29,17 +29,17 @@ class Operation:
         self._checksum = checksum
         self._tickets: dict[int, int] = {}
 
-    def _link(self, peer: int) -> PeerLink:
-        return self._state.links[peer]
+    def _connection(self, peer: int) -> RankConnection:
+        return self._state.connections[peer]
 
     def send(self, peer: int, piece: np.ndarray) -> None:
         """Queue ``piece`` for ``peer``; it must stay unchanged until :meth:`wait_sent`."""
         enc = messages.data(piece, self.seq, self.sig, self._checksum)
-        self._tickets[peer] = self._link(peer).post(enc, self.deadline)
+        self._tickets[peer] = self._connection(peer).post(enc, self.deadline)
 
     def expect(self, peer: int, buf: np.ndarray) -> None:
         """The next piece from ``peer`` not yet expected belongs in ``buf``."""
-        self._link(peer).expect(buf)
+        self._connection(peer).expect(buf)
 
     def recv(
         self, peer: int, into: np.ndarray | None = None, size: int | None = None
@@ -47,11 +47,11 @@ class Operation:
         """The next piece from ``peer`` (of ``size`` elements, or ``into``'s), in ``into``
         when given; raises the group's failure, or names the culprit at the deadline."""
         state = self._state
-        link = self._link(peer)
+        conn = self._connection(peer)
         with state.lock:
-            while not link.inbox:
-                self._wait(peer, link, f"did not send rank {state.rank} its part")
-            msg = link.take()
+            while not conn.inbox:
+                self._wait(peer, conn, f"did not send rank {state.rank} its part")
+            msg = conn.take()
         meta = msg.meta
         if meta.get("seq") != self.seq or meta.get("sig") != self.sig:
             self._mismatch(peer, f"operation #{meta.get('seq')}: {meta.get('sig')}")
@@ -73,17 +73,17 @@ class Operation:
         state = self._state
         with state.lock:
             for peer, ticket in self._tickets.items():
-                link = self._link(peer)
-                while link.sent < ticket:
-                    self._wait(peer, link, f"took none of what rank {state.rank} sent")
+                conn = self._connection(peer)
+                while conn.sent < ticket:
+                    self._wait(peer, conn, f"took none of what rank {state.rank} sent")
         self._tickets.clear()
 
-    def _wait(self, peer: int, link: PeerLink, what: str) -> None:
+    def _wait(self, peer: int, conn: RankConnection, what: str) -> None:
         """One wait on the state's condition, or the error that ends the operation."""
         state = self._state
         state.check()
-        if link.gone is not None:
-            raise state.fail(RankFailed(peer, link.gone), tell=True)
+        if conn.gone is not None:
+            raise state.fail(RankFailed(peer, conn.gone), tell=True)
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise state.fail(state.blame(peer, self.seq, what), tell=True)

@@ -14,7 +14,7 @@ from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
 from tensorwire.wire import EncodedMessage
 
 if TYPE_CHECKING:
-    from tensorwire.collective.link import PeerLink
+    from tensorwire.collective.connection import RankConnection
 
 log = logging.getLogger("tensorwire.collective")
 
@@ -41,15 +41,15 @@ class GroupState:
         self.silence = silence
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # an operation waits on it
-        self.links: dict[int, PeerLink] = {}
+        self.connections: dict[int, RankConnection] = {}
         self.seq = 0  # the last operation this rank started
         self.failure: CollectiveError | None = None
         self.closing = False
         self.refusals: deque[tuple[str, str]] = deque(maxlen=MAX_REFUSALS)
 
-    def add_link(self, link: PeerLink) -> None:
+    def add_connection(self, conn: RankConnection) -> None:
         with self.lock:
-            self.links[link.peer] = link
+            self.connections[conn.peer] = conn
             self.changed.notify_all()
 
     def check(self) -> None:
@@ -67,11 +67,11 @@ class GroupState:
             log.warning("rank %d: %s", self.rank, exc)
             if tell:
                 notice = abort_notice(exc)
-                for link in self.links.values():
-                    link.post(notice, time.monotonic() + ABORT_SEND_S, control=True)
+                for conn in self.connections.values():
+                    conn.post(notice, time.monotonic() + ABORT_SEND_S, control=True)
             self.changed.notify_all()
-            for link in self.links.values():
-                link.notify()
+            for conn in self.connections.values():
+                conn.notify()
             return exc
 
     def refused(self, who: str, error: Exception) -> None:
@@ -87,8 +87,8 @@ class GroupState:
         started the operation, else ``waited_on`` itself."""
         now = time.monotonic()
         with self.lock:
-            quiet = {p: now - link.last_heard for p, link in self.links.items()}
-            behind = [p for p, link in sorted(self.links.items()) if link.peer_seq < seq]
+            quiet = {p: now - conn.last_heard for p, conn in self.connections.items()}
+            behind = [p for p, conn in sorted(self.connections.items()) if conn.peer_seq < seq]
         silent = max(quiet, key=lambda p: quiet[p], default=None)
         if silent is not None and quiet[silent] > self.silence:
             return RankFailed(

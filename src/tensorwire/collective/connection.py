@@ -3,7 +3,7 @@ heartbeat when idle), and a thread that reads everything the peer sends.
 
 The reader never stops reading, so a peer's sends never block on this rank being busy, and a
 closed connection, an abort notice or a bye is seen at once, whatever the operation waits on.
-An operation can say where a coming data message belongs (:meth:`PeerLink.expect`): the
+An operation can say where a coming data message belongs (:meth:`RankConnection.expect`): the
 reader then decodes it straight into that array.
 """
 
@@ -38,8 +38,8 @@ from tensorwire.wire import EncodedMessage, Message
 _X = ("x",)  # the path of a data message's one tensor
 
 
-class PeerLink:
-    """The link to rank ``peer`` over ``sock`` (connected, tuned, past its handshake)."""
+class RankConnection:
+    """The connection to rank ``peer`` over ``sock`` (connected, tuned, past its handshake)."""
 
     def __init__(
         self,
@@ -69,8 +69,12 @@ class PeerLink:
         self._stopping = False
         self._wake_r, self._wake_w = waker()
         self._threads = [
-            threading.Thread(target=self._send_loop, name=f"rank-link-{peer}-send", daemon=True),
-            threading.Thread(target=self._read_loop, name=f"rank-link-{peer}-read", daemon=True),
+            threading.Thread(
+                target=self._send_loop, name=f"rank-connection-{peer}-send", daemon=True
+            ),
+            threading.Thread(
+                target=self._read_loop, name=f"rank-connection-{peer}-read", daemon=True
+            ),
         ]
         for t in self._threads:
             t.start()
