@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Self
 
 from tensorwire.transports.base.membership import MembershipEvent
-from tensorwire.transports.security import TLS, Keys, load_secret
+from tensorwire.transports.security import (
+    TLS,
+    Keys,
+    credentials_from_dir,
+    load_secret,
+    split_security_options,
+)
 from tensorwire.transports.session import Authenticate
 from tensorwire.wire import Limits
 
@@ -68,8 +74,6 @@ class Credentials:
     def from_url(cls, url: str, role: str) -> tuple[str, Credentials]:
         """The URL without its security options (``?ca=&cert=&certkey=&secret=&keys=``), and
         the credentials they name, for a ``hub`` or a ``channel``."""
-        from tensorwire.transports.security import split_security_options
-
         rest, kwargs = split_security_options(url, role)
         return rest, cls.of(**kwargs)
 
@@ -80,15 +84,25 @@ class Credentials:
         """The files ``tensorwire certs`` wrote into ``directory``: mutual TLS with its CA,
         and the enrolled keys (``hub``) or the device's secret (``channel``, for
         ``client_id``)."""
-        from tensorwire.transports.security import credentials_from_dir
-
         return cls.of(**credentials_from_dir(directory, role, client_id))
 
 
-def _with_legacy(
+def _merged(credentials: Credentials, from_url: Credentials) -> Credentials:
+    """``credentials`` with what the URL named beside them; ``TypeError`` if both name one."""
+    merged: dict[str, Any] = {}
+    for f in fields(Credentials):
+        mine, url_one = getattr(credentials, f.name), getattr(from_url, f.name)
+        if mine is not None and url_one is not None:
+            raise TypeError(f"{f.name} is given both in the URL and as a keyword: give it once")
+        merged[f.name] = url_one if mine is None else mine
+    return Credentials(**merged)
+
+
+def _typed_values(
     kwargs: Mapping[str, Any], url_credentials: Credentials, credential_names: tuple[str, ...]
 ) -> dict[str, Any]:
-    """``kwargs`` with today's credential and timeout keywords made into typed values."""
+    """``kwargs`` with the credential keywords (``tls=``, ``auth=``, ``key=``, the URL's) made
+    one :class:`Credentials`, and ``timeout=`` a :class:`Timeouts`."""
     kw = dict(kwargs)
     given = {name: kw.pop(name) for name in credential_names if name in kw}
     if given and "credentials" in kw:
@@ -96,13 +110,7 @@ def _with_legacy(
     credentials = kw.pop("credentials", None)
     if credentials is None:
         credentials = Credentials.of(**given)
-    merged: dict[str, Any] = {}
-    for f in fields(Credentials):
-        mine, url_one = getattr(credentials, f.name), getattr(url_credentials, f.name)
-        if mine is not None and url_one is not None:
-            raise TypeError(f"{f.name} is given both in the URL and as a keyword: give it once")
-        merged[f.name] = url_one if mine is None else mine
-    kw["credentials"] = Credentials(**merged)
+    kw["credentials"] = _merged(credentials, url_credentials)
     if "timeout" in kw:
         if "timeouts" in kw:
             raise TypeError("give timeouts= or timeout=, not both")
@@ -136,8 +144,9 @@ class EndpointOptions:
             options = kwargs["options"]
             if len(kwargs) > 1 or not isinstance(options, cls):
                 raise TypeError(f"options= takes a {cls.__name__}, with no other keywords")
-            return options
-        kw = _with_legacy(kwargs, url_credentials or Credentials(), cls._credential_names)
+            from_url = url_credentials or Credentials()
+            return replace(options, credentials=_merged(options.credentials, from_url))
+        kw = _typed_values(kwargs, url_credentials or Credentials(), cls._credential_names)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kw) - known)
         if unknown:
