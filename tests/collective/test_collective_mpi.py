@@ -16,9 +16,7 @@ from tensorwire.collective.mpirun import mpi_missing, mpirun_command, mpirun_env
 RANK = Path(__file__).with_name("mpi_rank.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
 MISSING = mpi_missing()
-if MISSING:
-    print(f"test_collective_mpi skipped: {MISSING}", file=sys.stderr)
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")  # -ra prints it
 
 
 @pytest.mark.parametrize("btl", ["tcp", "sm"])
