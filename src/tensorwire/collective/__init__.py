@@ -3,9 +3,11 @@
 What exists now:
 
 - :class:`Group`, formed by a rendezvous at a tensorwire hub URL on any transport
-  (:meth:`Group.join`; rank 0 or a :class:`Rendezvous` of its own serves the hub) or from
-  torchrun's variables (:meth:`Group.from_env`), with a direct TCP link between every two
-  ranks (the transports' socket kit; wire-format messages, no pickle).
+  (:meth:`Group.join`; rank 0 or a :class:`Rendezvous` of its own serves the hub), from
+  torchrun's variables (:meth:`Group.from_env`) or under ``mpirun``
+  (:meth:`Group.from_mpi`: MPI's allgather and broadcast in place of a hub), with a direct
+  TCP link between every two ranks (the transports' socket kit; wire-format messages, no
+  pickle).
 - ``allreduce`` (sum, mean, min, max), ``reduce_scatter``, ``allgather``, ``broadcast`` and
   ``barrier`` on numpy arrays and torch CPU tensors, in place or into ``out=``: ring
   (pipelined) for large tensors, recursive doubling or a binomial tree for small ones.
@@ -17,8 +19,8 @@ What exists now:
 Still to come (issue #26): compression inside the collective (fp16/bf16, int8 with fp32
 accumulation, top-k with error feedback); credentials and encryption on the links (``tls=``,
 per-rank keys: today the token keeps strangers out but the traffic is in the clear);
-elastic mode (a group that shrinks past a failed rank); ``Group.from_mpi()``; the
-torch.distributed backend and DDP comm hook; ``tensorwire bench collective``.
+elastic mode (a group that shrinks past a failed rank); the torch.distributed backend and
+DDP comm hook; ``tensorwire bench collective`` on the testbed's shaped links.
 """
 
 from tensorwire.collective.group import Group

@@ -40,9 +40,10 @@ def _describe(arr: np.ndarray) -> str:
 class Group:
     """``size`` ranks, this one ``rank``, with a direct TCP link to each other rank.
 
-    Form one with :meth:`join` (a rendezvous at a tensorwire hub URL) or :meth:`from_env`
-    (torchrun's variables). Every rank must call the same operations in the same order, with
-    the same shapes and dtypes; a rank that does not, dies or hangs makes every rank raise
+    Form one with :meth:`join` (a rendezvous at a tensorwire hub URL), :meth:`from_env`
+    (torchrun's variables) or :meth:`from_mpi` (ranks placed by ``mpirun``). Every rank
+    must call the same operations in the same order, with the same shapes and dtypes; a
+    rank that does not, dies or hangs makes every rank raise
     (:class:`~tensorwire.errors.CollectiveMismatch`,
     :class:`~tensorwire.errors.RankFailed`), after which the group is closed for use.
     Operations take numpy arrays and torch CPU tensors, work in place (or into ``out=``) and
@@ -148,6 +149,26 @@ class Group:
             port = int(env["MASTER_PORT"]) + TORCHRUN_PORT_OFFSET
             url = f"tcp://{env['MASTER_ADDR']}:{port}"
         return cls.join(url, rank=int(env["RANK"]), size=int(env["WORLD_SIZE"]), **kwargs)
+
+    @classmethod
+    def from_mpi(
+        cls,
+        comm: Any = None,
+        *,
+        host: str | None = None,
+        options: GroupOptions | None = None,
+        **settings: Any,
+    ) -> Group:
+        """A group of the ranks of ``comm`` (default mpi4py's ``COMM_WORLD``), placed by
+        ``mpirun``: listeners and token go round by MPI's allgather and broadcast, no hub.
+        ``host``: the address this rank listens on (default loopback when every rank is on
+        this host). ``options`` and the keywords are :class:`GroupOptions`' fields."""
+        from tensorwire.collective import mpi
+
+        comm = mpi.world(comm)
+        opts = replace(options or GroupOptions(), **settings)
+        host = host or mpi.listen_host(comm)
+        return cls._connect(comm.Get_rank(), comm.Get_size(), host, opts, mpi.exchange(comm))
 
     # -- operations ---------------------------------------------------------------------
 
