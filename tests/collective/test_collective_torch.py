@@ -58,12 +58,18 @@ def test_ddp_over_tensorwire_follows_gloo_step_for_step(tmp_path):
         assert abs(bf16["accuracy"] - gloo["accuracy"]) <= 0.02
 
 
-def test_a_rank_that_dies_mid_allreduce_makes_the_others_wait_raise_naming_it(tmp_path):
+@pytest.mark.parametrize("scenario", ["fault", "hang"])
+def test_a_rank_that_dies_or_stops_mid_allreduce_makes_the_others_wait_raise_naming_it(
+    tmp_path, scenario
+):
     size = 3
-    reports = run("fault", size, str(tmp_path / "store"), timeout=60)
-    assert reports[size - 1] is None  # it died before it could report
+    reports = run(scenario, size, str(tmp_path / "store"), timeout=60, lost=size - 1)
+    assert reports[size - 1] is None  # it died (or was killed, stopped) without a report
     for rank, report in enumerate(reports[: size - 1]):
         assert report is not None and "error" not in report, (rank, report)
-        print(f"rank {rank}: wait() raised after {report['seconds']:.2f} s: {report['raised']}")
+        print(
+            f"{scenario}: rank {rank}'s wait() raised after {report['seconds']:.2f} s: "
+            f"{report['raised']}"
+        )
         assert report["raised"] is not None and f"rank {size - 1}" in report["raised"]
         assert report["seconds"] < FAULT_TIMEOUT + 2

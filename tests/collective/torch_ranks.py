@@ -4,9 +4,11 @@ and a gloo group beside it, runs a scenario and puts its report on a queue."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import queue
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -19,9 +21,12 @@ FAULT_TIMEOUT = 5.0  # seconds: the deadline torch gives the group in the fault 
 STEPS = 84  # DDP: 3 epochs of digits over 4 ranks, 16 samples a rank a step
 
 
-def run(scenario: str, size: int, store_path: str, timeout: float = 120) -> list[Any]:
+def run(
+    scenario: str, size: int, store_path: str, timeout: float = 120, lost: int | None = None
+) -> list[Any]:
     """Run ``scenario`` on ``size`` rank processes; every rank's report, by rank (None for
-    a rank that ended without one)."""
+    a rank that ended without one). Rank ``lost`` is not waited for, and is killed once
+    the others have reported."""
     ctx = multiprocessing.get_context("spawn")
     reports: multiprocessing.Queue[tuple[int, Any]] = ctx.Queue()
     procs = [
@@ -31,9 +36,10 @@ def run(scenario: str, size: int, store_path: str, timeout: float = 120) -> list
     for proc in procs:
         proc.start()
     got: dict[int, Any] = {}
+    wanted = size - (lost is not None)
     deadline = time.monotonic() + timeout
     try:
-        while len(got) < size and time.monotonic() < deadline:
+        while len(got) < wanted and time.monotonic() < deadline:
             try:
                 rank, report = reports.get(timeout=0.5)
             except queue.Empty:
@@ -42,6 +48,8 @@ def run(scenario: str, size: int, store_path: str, timeout: float = 120) -> list
                 continue
             got[rank] = report
     finally:
+        if lost is not None and procs[lost].is_alive():
+            procs[lost].kill()
         for proc in procs:
             proc.join(10)
             if proc.is_alive():
@@ -60,7 +68,7 @@ def rank_main(
     import tensorwire.collective.torch_backend  # noqa: F401  (registers "tensorwire")
 
     torch.set_num_threads(1)
-    timeout = timedelta(seconds=FAULT_TIMEOUT if scenario == "fault" else 60)
+    timeout = timedelta(seconds=FAULT_TIMEOUT if scenario in ("fault", "hang") else 60)
     try:
         store = dist.FileStore(store_path, size)
         dist.init_process_group(
@@ -71,7 +79,7 @@ def rank_main(
     except BaseException:
         report = {"error": traceback.format_exc()}
     reports.put((rank, report))
-    if scenario != "fault":
+    if scenario not in ("fault", "hang"):
         dist.destroy_process_group()
 
 
@@ -121,12 +129,14 @@ def operations(rank: int, size: int, gloo: Any) -> dict[str, Any]:
 
         check(f"broadcast {n}", *both(broadcast), exact=True)
 
-        def gather(group: Any, n: int = n) -> Any:
-            outs = [torch.empty(n) for _ in range(size)]
-            dist.all_gather(outs, mine(n), group=group)
-            return torch.stack(outs)
+        for dtype in (torch.float32, torch.bfloat16):
 
-        check(f"all_gather {n}", *both(gather), exact=True)
+            def gather(group: Any, n: int = n, dtype: Any = dtype) -> Any:
+                outs = [torch.empty(n, dtype=dtype) for _ in range(size)]
+                dist.all_gather(outs, mine(n, dtype), group=group)
+                return torch.stack(outs)
+
+            check(f"all_gather {dtype} {n}", *both(gather), exact=True)
 
         def gather_into(group: Any, n: int = n) -> Any:
             out = torch.empty(size * n)
@@ -205,14 +215,17 @@ def ddp(rank: int, size: int, gloo: Any) -> dict[str, Any]:
     }
 
 
-def fault(rank: int, size: int, gloo: Any) -> dict[str, Any]:
-    """Rank ``size - 1`` dies as its allreduce (64 MiB) starts; the others wait on theirs."""
+def fault(rank: int, size: int, gloo: Any, stop: bool = False) -> dict[str, Any]:
+    """Rank ``size - 1`` dies (or, with ``stop``, is stopped) as its allreduce (64 MiB)
+    starts; the others wait on theirs."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     work = dist.all_reduce(torch.ones(16 << 20), async_op=True)
     if rank == size - 1:
+        if stop:
+            os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(1)
     start = time.monotonic()
     try:
@@ -226,6 +239,7 @@ SCENARIOS: dict[str, Callable[[int, int, Any], dict[str, Any]]] = {
     "operations": operations,
     "ddp": ddp,
     "fault": fault,
+    "hang": functools.partial(fault, stop=True),
 }
 
 

@@ -110,6 +110,8 @@ class TensorwireWork(dist.Work):
         self._future = future
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the operation is done; the group's deadline bounds it, not
+        ``timeout`` (a group that missed one is of no more use)."""
         self._future.wait()
         return True
 
@@ -196,9 +198,10 @@ class ProcessGroupTensorwire(dist.ProcessGroup):
         outputs = _one(output_tensors, "allgather")
 
         def gather() -> None:
-            stacked = self.group.allgather(tensor.detach().contiguous())
+            stacked = tensor.new_empty((self.group.size, *tensor.shape))
+            self.group.allgather(tensor, out=stacked)
             for out, got in zip(outputs, stacked, strict=True):
-                out.copy_(torch.from_numpy(got))
+                out.copy_(got)
 
         return self._work(gather, output_tensors)
 
