@@ -50,12 +50,13 @@ def test_ddp_over_tensorwire_follows_gloo_step_for_step(tmp_path):
             )
             assert diff <= 1e-5, (rank, name, diff)
             assert abs(ours["accuracy"] - gloo["accuracy"]) <= 0.005
-        bf16 = report["hook_bf16"]
-        print(
-            f"rank {rank} bf16 on the wire: accuracy {bf16['accuracy']:.4f}, losses within "
-            f"{max_difference(bf16['losses'], gloo['losses']):.2e} of gloo's"
-        )
-        assert abs(bf16["accuracy"] - gloo["accuracy"]) <= 0.02
+        for name in ("hook_bf16", "hook_fp16"):
+            half = report[name]
+            print(
+                f"rank {rank} {name}: accuracy {half['accuracy']:.4f}, losses within "
+                f"{max_difference(half['losses'], gloo['losses']):.2e} of gloo's"
+            )
+            assert abs(half["accuracy"] - gloo["accuracy"]) <= 0.02
 
 
 @pytest.mark.parametrize("scenario", ["fault", "hang"])

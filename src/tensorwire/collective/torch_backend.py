@@ -125,8 +125,9 @@ class TensorwireWork(dist.Work):
 def _unsupported(name: str) -> Callable[..., Any]:
     def refuse(self: ProcessGroupTensorwire, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
-            f"{name}: the tensorwire backend runs allreduce, broadcast, allgather, "
-            "all_gather_into_tensor, reduce_scatter_tensor and barrier; use gloo for the rest"
+            f"{name}: the tensorwire backend runs all_reduce, broadcast, all_gather, "
+            "all_gather_single (all_gather_into_tensor), reduce_scatter_single "
+            "(reduce_scatter_tensor) and barrier; use gloo for the rest"
         )
 
     refuse.__name__ = name
@@ -237,7 +238,7 @@ class ProcessGroupTensorwire(dist.ProcessGroup):
         self._runner.shutdown(wait=True)
         self.group.close()
 
-    abort = shutdown
+    abort = shutdown  # the operation under way ends by its deadline at the latest
 
     def __repr__(self) -> str:
         return f"<ProcessGroupTensorwire rank {self.group.rank} of {self.group.size}>"
