@@ -19,8 +19,12 @@ What exists now:
 Still to come (issue #26): compression inside the collective (fp16/bf16, int8 with fp32
 accumulation, top-k with error feedback); credentials and encryption on the links (``tls=``,
 per-rank keys: today the token keeps strangers out but the traffic is in the clear);
-elastic mode (a group that shrinks past a failed rank); the torch.distributed backend and
-DDP comm hook; ``tensorwire bench collective`` on the testbed's shaped links.
+elastic mode (a group that shrinks past a failed rank); ``tensorwire bench collective`` on
+the testbed's shaped links.
+
+torch.distributed's backend ``"tensorwire"`` registers when
+``tensorwire.collective.torch_backend`` is imported (not from here: it imports torch); its
+DDP comm hook is ``tensorwire.collective.ddp.allreduce_hook``.
 """
 
 from tensorwire.collective.group import Group
