@@ -14,13 +14,17 @@ What exists now:
   (:class:`~tensorwire.errors.RankFailed`, :class:`~tensorwire.errors.CollectiveMismatch`).
   A connection without the group's token (given out at the rendezvous) is refused.
 
-Still to come (issue #26): compression inside the collective (fp16/bf16, int8 with fp32
-accumulation, top-k with error feedback); credentials and encryption on the links (``tls=``,
+- Compression inside the allreduce (``compress=``, :class:`Compression`): fp16/bf16 and
+  blockwise int8 along the ring with float32 partial sums at every hop, top-k / random-k
+  with error feedback (every rank's part, summed on every rank).
+
+Still to come (issue #26): credentials and encryption on the links (``tls=``,
 per-rank keys: today the token keeps strangers out but the traffic is in the clear);
 elastic mode (a group that shrinks past a failed rank); ``Group.from_mpi()``; the
 torch.distributed backend and DDP comm hook; ``tensorwire bench collective``.
 """
 
+from tensorwire.collective.compression import COMPRESSION_METHODS, Compression
 from tensorwire.collective.group import Group
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import REDUCE_OPS
@@ -28,9 +32,11 @@ from tensorwire.collective.rendezvous import Rendezvous
 from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
 
 __all__ = [
+    "COMPRESSION_METHODS",
     "REDUCE_OPS",
     "CollectiveError",
     "CollectiveMismatch",
+    "Compression",
     "Group",
     "GroupOptions",
     "RankFailed",

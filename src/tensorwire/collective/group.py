@@ -11,12 +11,13 @@ from typing import Any, Literal
 import numpy as np
 
 from tensorwire.collective import broadcast as broadcasts
-from tensorwire.collective import doubling, ring
+from tensorwire.collective import compressed_allreduce, doubling, ring
 from tensorwire.collective.arrays import WorkArray, as_array
+from tensorwire.collective.compression import Compression, CompressionMethod, compression_of
 from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
-from tensorwire.collective.reduce import ReduceOp, check_reduction, finish
+from tensorwire.collective.reduce import ReduceOp, check_reduction, finish, is_float
 from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward, announce
 from tensorwire.collective.state import GroupState
 from tensorwire.wire import Limits
@@ -60,6 +61,7 @@ class Group:
         self.options = options
         self.rank = state.rank
         self.size = state.size
+        self._feedback = compressed_allreduce.FeedbackMemory()
 
     # -- forming a group --------------------------------------------------------------
 
@@ -169,6 +171,8 @@ class Group:
         *,
         out: Any = None,
         algorithm: AllreduceAlgorithm | None = None,
+        compress: CompressionMethod | Compression | None = None,
+        key: str | None = None,
         timeout: float | None = None,
     ) -> Any:
         """Combine ``x`` element-wise over every rank (``op``: sum, mean, min, max), in
@@ -176,22 +180,61 @@ class Group:
 
         ``algorithm``: "ring" or "recursive_doubling" (default by size: ring from
         ``options.ring_min_bytes``). float16/bfloat16 sums accumulate in float32 per step.
+
+        ``compress`` (default ``options.compress``; ``"none"`` for exact): ``"fp16"``,
+        ``"bf16"``, ``"int8"``, ``"topk"``, ``"randomk"`` or a
+        :class:`~tensorwire.collective.Compression`, for sum and mean of float tensors
+        that go round the ring; smaller ones (recursive doubling) are sent exact.
+        ``key`` names the tensor whose error-feedback residual top-k and random-k keep
+        across calls (default: its dtype and shape; give distinct tensors distinct keys).
         """
         src = as_array(x, "x")
         check_reduction(op, src.dtype)
+        compression = self._compression(compress, op, src.dtype, algorithm)
         work = WorkArray(x if out is None else out, "x" if out is None else "out")
         if out is not None:
             self._check_out(work.array, src.shape, src.dtype)
             work.flat[...] = src.reshape(-1)
         flat = work.flat
         chosen = self._pick(flat.nbytes, algorithm, "recursive_doubling")
-        opn = self._operation(f"allreduce({op}, {_describe(src)}, {chosen})", timeout)
-        if chosen == "ring":
+        if chosen != "ring":
+            compression = None
+        how = chosen if compression is None else f"{chosen}, {compression.label}"
+        opn = self._operation(f"allreduce({op}, {_describe(src)}, {how})", timeout)
+        if compression is not None:
+            compressed_allreduce.allreduce(
+                opn,
+                flat,
+                compression,
+                self._feedback,
+                _describe(src) if key is None else key,
+                self.rank,
+                self.size,
+                self.options.piece_bytes,
+            )
+        elif chosen == "ring":
             ring.allreduce(opn, flat, op, self.rank, self.size, self.options.piece_bytes)
         else:
             doubling.allreduce(opn, flat, op, self.rank, self.size)
         finish(op, flat, self.size)
         return work.result()
+
+    def _compression(
+        self, compress: object, op: str, dtype: np.dtype, algorithm: str | None
+    ) -> Compression | None:
+        compression = compression_of(self.options.compress if compress is None else compress)
+        if compression is None:
+            return None
+        if op not in ("sum", "mean") or not is_float(dtype):
+            if compress is None:  # the group's default leaves what it cannot compress exact
+                return None
+            raise ValueError(
+                f"compress={compression.label!r} is for sum and mean of float tensors, "
+                f"not {op} of {dtype}: pass compress='none'"
+            )
+        if algorithm == "recursive_doubling":
+            raise ValueError("compression goes round the ring: pass algorithm='ring' or None")
+        return compression
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp = "sum", *, out: Any = None, timeout: float | None = None
@@ -277,6 +320,12 @@ class Group:
         """Connections this rank's listener refused (who, why): the most recent 100."""
         with self._state.lock:
             return list(self._state.refusals)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank's operations have sent to the other ranks (wire messages: pieces
+        with their headers; not heartbeats or the handshake)."""
+        return self._state.bytes_sent
 
     @property
     def failure(self) -> Exception | None:

@@ -35,6 +35,7 @@ class Operation:
     def send(self, peer: int, piece: np.ndarray) -> None:
         """Queue ``piece`` for ``peer``; it must stay unchanged until :meth:`wait_sent`."""
         enc = messages.data(piece, self.seq, self.sig, self._checksum)
+        self._state.bytes_sent += enc.nbytes
         self._tickets[peer] = self._connection(peer).post(enc, self.deadline)
 
     def expect(self, peer: int, buf: np.ndarray) -> None:
