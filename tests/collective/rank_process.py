@@ -218,7 +218,15 @@ def compression(group: Group) -> None:
                 errors.append(relative_error(total / call, exact))
                 l2.append(float(np.linalg.norm(total / call - exact) / np.linalg.norm(exact)))
         sent = (group.bytes_sent - before) // FEEDBACK_CALLS
-        say(case=method, digest=digest(total), problem="", error=errors[-1], errors=errors, l2=l2, bytes=sent)
+        say(
+            case=method,
+            digest=digest(total),
+            problem="",
+            error=errors[-1],
+            errors=errors,
+            l2=l2,
+            bytes=sent,
+        )
 
 
 SCENARIOS = {

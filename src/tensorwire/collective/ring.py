@@ -68,9 +68,7 @@ def allgather(
     piece = piece_elements(flat, piece_bytes)
     right, left = (rank + 1) % size, (rank - 1) % size
     incoming = [
-        part
-        for step in range(size - 1)
-        for part in pieces(bounds, (rank - step - 1) % size, piece)
+        part for step in range(size - 1) for part in pieces(bounds, (rank - step - 1) % size, piece)
     ]
     for part in incoming:
         opn.expect(left, flat[part])
