@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ranks import Ranks
-from test_collective_group import in_threads
+from test_collective_group import in_threads, refused
 
 from tensorwire.collective import CollectiveMismatch, Compression, Group, GroupOptions
 
@@ -64,25 +64,23 @@ def test_compressed_allreduce_error_and_bytes(size: int) -> None:
 def test_compression_settings_are_checked_before_anything_is_sent() -> None:
     def body(rank: int) -> list[str]:
         with Group.join(url, rank=rank, size=2) as g:
-            errors = []
             big = np.ones(RING // 4, np.float32)
-            for call in (
-                lambda: g.allreduce(big, compress="zip"),  # type: ignore[arg-type]
-                lambda: g.allreduce(big, "max", compress="int8"),
-                lambda: g.allreduce(np.ones(RING // 4, np.int32), compress="fp16"),
-                lambda: g.allreduce(big, compress="fp16", algorithm="recursive_doubling"),
-                lambda: g.allreduce(big, compress=Compression("topk", ratio=2.0)),
-                lambda: g.allreduce(big, compress=3),  # type: ignore[arg-type]
-            ):
-                with pytest.raises((ValueError, TypeError)) as info:
-                    call()
-                errors.append(type(info.value).__name__)
-            g.barrier()  # the group is still good
-            return errors
+            return refused(
+                g,
+                (
+                    lambda: g.allreduce(big, compress="zip"),  # type: ignore[arg-type]
+                    lambda: g.allreduce(big, "max", compress="int8"),
+                    lambda: g.allreduce(np.ones(RING // 4, np.int32), compress="fp16"),
+                    lambda: g.allreduce(big, compress="fp16", algorithm="recursive_doubling"),
+                    lambda: g.allreduce(big, compress=Compression("topk", ratio=2.0)),
+                    lambda: g.allreduce(big, compress=3),  # type: ignore[arg-type]
+                ),
+            )
 
     url = f"mem://coll-{uuid.uuid4().hex}"
     first, second = in_threads(2, body)
-    assert first == second
+    want = ["ValueError", "ValueError", "TypeError", "ValueError", "CodecConfigError", "TypeError"]
+    assert first == second == want
     with pytest.raises(ValueError, match="compress='zip'"):
         GroupOptions(compress="zip")  # type: ignore[arg-type]
 
@@ -123,3 +121,30 @@ def test_a_rank_that_compresses_otherwise_is_a_typed_error_on_every_rank() -> No
     errors = in_threads(3, body)
     assert all(isinstance(e, CollectiveMismatch) for e in errors), errors
     assert all("fp16" in str(e) and "bf16" in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("method", ["fp16", "bf16", "int8", "topk", "randomk"])
+def test_every_method_on_awkward_sizes_and_dtypes(method: str) -> None:
+    counts = (0, 1, 2, 1001, 70_001)  # empty, fewer elements than ranks, odd
+    dtypes = (np.float32, np.float64, np.float16)
+
+    def body(rank: int) -> list[np.ndarray]:
+        with Group.join(url, rank=rank, size=3, piece_bytes=64 << 10) as g:
+            results = []
+            for count in counts:
+                for dtype in dtypes:
+                    x = np.full(count, rank + 1, dtype)
+                    g.allreduce(x, "mean", algorithm="ring", compress=method)  # type: ignore[arg-type]
+                    results.append(x)
+            return results
+
+    url = f"mem://coll-{uuid.uuid4().hex}"
+    by_rank = in_threads(3, body)
+    for results in by_rank:
+        for x in results:
+            if method in ("topk", "randomk"):  # 1% of the values, the rest carried over
+                assert ((x >= 0) & (x <= 2.001)).all() and (x.size < 100 or (x == 0).any()), x
+            else:
+                assert np.allclose(x, 2.0, rtol=1e-2), x
+    for x, y, z in zip(*by_rank, strict=True):
+        assert x.tobytes() == y.tobytes() == z.tobytes()

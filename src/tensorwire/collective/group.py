@@ -228,7 +228,8 @@ class Group:
         if op not in ("sum", "mean") or not is_float(dtype):
             if compress is None:  # the group's default leaves what it cannot compress exact
                 return None
-            raise ValueError(
+            error = ValueError if op not in ("sum", "mean") else TypeError
+            raise error(
                 f"compress={compression.label!r} is for sum and mean of float tensors, "
                 f"not {op} of {dtype}: pass compress='none'"
             )
