@@ -100,6 +100,9 @@ def test_the_groups_default_compresses_what_it_can_and_leaves_the_rest_exact() -
                 g.allreduce(x, op, compress=compress)  # type: ignore[arg-type]
                 sent.append(g.bytes_sent - before)
                 assert np.allclose(x, want, rtol=1e-2), (op, compress)
+            x = np.full(RING // 4, 0.5, np.float32)
+            g.allreduce(x, algorithm="recursive_doubling")  # the default yields to the call
+            assert (x == 1).all()
             return tuple(sent)
 
     url = f"mem://coll-{uuid.uuid4().hex}"

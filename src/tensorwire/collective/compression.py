@@ -21,6 +21,7 @@ from tensorwire.codecs.abc import check_int
 from tensorwire.codecs.lossy import LOSSY_CODECS, Int8, LossyCodec
 from tensorwire.codecs.lossy.base import check_fraction
 from tensorwire.codecs.lossy.int8 import MAX_BLOCK_SIZE
+from tensorwire.collective.reduce import is_float
 
 CompressionMethod = Literal["fp16", "bf16", "int8", "topk", "randomk"]
 COMPRESSION_METHODS: tuple[str, ...] = get_args(CompressionMethod)
@@ -81,6 +82,29 @@ def compression_of(value: object) -> Compression | None:
     if isinstance(value, str):
         return Compression(value)  # type: ignore[arg-type]
     raise TypeError(f"compress={value!r}: a method name, a Compression or None")
+
+
+def compression_for(
+    compress: object, default: object, op: str, dtype: np.dtype, algorithm: str | None
+) -> Compression | None:
+    """The compression an allreduce of ``op`` on ``dtype`` uses: ``compress`` if given
+    (an error if it cannot apply), else the group's ``default`` where it applies."""
+    compression = compression_of(default if compress is None else compress)
+    if compression is None:
+        return None
+    problem: tuple[type[Exception], str] | None = None
+    if op not in ("sum", "mean"):
+        problem = ValueError, f"is for sum and mean, not {op}"
+    elif not is_float(dtype):
+        problem = TypeError, f"is for float tensors, not {dtype}"
+    elif algorithm == "recursive_doubling":
+        problem = ValueError, "goes round the ring: pass algorithm='ring' or None"
+    if problem is None:
+        return compression
+    if compress is None:  # the group's default leaves what it cannot compress exact
+        return None
+    error, reason = problem
+    raise error(f"compress={compression.label!r} {reason} (or pass compress='none')")
 
 
 def work_dtype(dtype: np.dtype) -> np.dtype:

@@ -13,11 +13,11 @@ import numpy as np
 from tensorwire.collective import broadcast as broadcasts
 from tensorwire.collective import compressed_allreduce, doubling, ring
 from tensorwire.collective.arrays import WorkArray, as_array
-from tensorwire.collective.compression import Compression, CompressionMethod, compression_of
+from tensorwire.collective.compression import Compression, CompressionMethod, compression_for
 from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
-from tensorwire.collective.reduce import ReduceOp, check_reduction, finish, is_float
+from tensorwire.collective.reduce import ReduceOp, check_reduction, finish
 from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward, announce
 from tensorwire.collective.state import GroupState
 from tensorwire.wire import Limits
@@ -190,7 +190,7 @@ class Group:
         """
         src = as_array(x, "x")
         check_reduction(op, src.dtype)
-        compression = self._compression(compress, op, src.dtype, algorithm)
+        compression = compression_for(compress, self.options.compress, op, src.dtype, algorithm)
         work = WorkArray(x if out is None else out, "x" if out is None else "out")
         if out is not None:
             self._check_out(work.array, src.shape, src.dtype)
@@ -218,24 +218,6 @@ class Group:
             doubling.allreduce(opn, flat, op, self.rank, self.size)
         finish(op, flat, self.size)
         return work.result()
-
-    def _compression(
-        self, compress: object, op: str, dtype: np.dtype, algorithm: str | None
-    ) -> Compression | None:
-        compression = compression_of(self.options.compress if compress is None else compress)
-        if compression is None:
-            return None
-        if op not in ("sum", "mean") or not is_float(dtype):
-            if compress is None:  # the group's default leaves what it cannot compress exact
-                return None
-            error = ValueError if op not in ("sum", "mean") else TypeError
-            raise error(
-                f"compress={compression.label!r} is for sum and mean of float tensors, "
-                f"not {op} of {dtype}: pass compress='none'"
-            )
-        if algorithm == "recursive_doubling":
-            raise ValueError("compression goes round the ring: pass algorithm='ring' or None")
-        return compression
 
     def reduce_scatter(
         self, x: Any, op: ReduceOp = "sum", *, out: Any = None, timeout: float | None = None
