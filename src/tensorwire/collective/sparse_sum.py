@@ -7,9 +7,10 @@ compresses its whole tensor once, through :class:`tensorwire.codecs.lossy.ErrorF
 (what it drops is kept, per tensor key, and added to its next call), sends the payload to
 every other rank, and every rank decompresses all ``N`` payloads and adds them in rank
 order in float32 (float64 for float64 tensors): the same operands in the same order, so
-every rank ends bit-identical. Each rank sends ``(N - 1) x`` its payload: at ratio ``r``,
-top-k's ``r x (itemsize + 2)`` bytes per element against the ring's ``2 (N - 1) / N``
-x itemsize, so it pays while ``r`` is well under ``2 / N``.
+every rank ends bit-identical. Each rank sends ``(N - 1) x`` its payload, top-k's
+``r x (itemsize + 2)`` bytes per element at ratio ``r``, where the exact ring sends
+``2 (N - 1) / N x itemsize``: fewer bytes while ``r < 2 itemsize / (N (itemsize + 2))``
+(float32: ``r < 1.33 / N``, a third at 4 ranks).
 """
 
 from __future__ import annotations
