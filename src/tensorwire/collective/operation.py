@@ -75,7 +75,8 @@ class Operation:
         with state.lock:
             for peer, ticket in self._tickets.items():
                 conn = self._connection(peer)
-                while conn.sent < ticket:
+                # a rank that took part and then closed the group got all it needed from us
+                while conn.sent < ticket and not (conn.said_bye and conn.peer_seq >= self.seq):
                     self._wait(peer, conn, f"took none of what rank {state.rank} sent")
         self._tickets.clear()
 
