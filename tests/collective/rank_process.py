@@ -20,7 +20,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from tensorwire.collective import Group
+from tensorwire.collective import Compression, Group
 from tensorwire.errors import CollectiveError
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
@@ -175,6 +175,60 @@ def stranger(group: Group) -> None:
     say(refusals=len(group.refusals), total=int(x[0]))
 
 
+COMPRESSED_BYTES = 1 << 20  # each rank's float32 input in the compression scenario
+FEEDBACK_CALLS = 20  # top-k / random-k calls on one input: error feedback catches up
+SPARSE_RATIO = 0.1
+
+
+def relative_error(got: np.ndarray, exact: np.ndarray) -> float:
+    """max |got - exact| / max |exact|: the error as a fraction of the largest sum."""
+    return float(np.abs(got.astype(np.float64) - exact).max() / np.abs(exact).max())
+
+
+def compression(group: Group) -> None:
+    """Every compression on random normal float32 data against the exact float64 sum: each
+    case reports its error, whether it is within the method's bound, and its bytes."""
+    n, r = group.size, group.rank
+    everyone = [rank_input("float32", COMPRESSED_BYTES, k, salt=1) for k in range(n)]
+    wide = np.stack([x.astype(np.float64) for x in everyone])
+    exact, magnitude = wide.sum(axis=0), float(np.abs(wide).sum(axis=0).max())
+    # each of the N compressions (N - 1 hops, then the final sums) is off by at most half
+    # a step: fp16/bf16 rounding relative to the partial sum, int8 its block's max / 127
+    steps = {"none": 2.0**-23, "fp16": 2.0**-10, "bf16": 2.0**-7, "int8": 1 / 127}
+    for method, step in steps.items():
+        for name in ("float32", "float64") if method == "int8" else ("float32",):
+            x = everyone[r].astype(dtype_of(name))
+            before = group.bytes_sent
+            group.allreduce(x, compress=method)  # type: ignore[arg-type]
+            sent = group.bytes_sent - before
+            err = relative_error(x, exact)
+            bound = n * (step / 2 + 2.0**-24) * magnitude / float(np.abs(exact).max())
+            problem = "" if err <= bound else f"error {err} past the bound {bound}"
+            say(case=f"{method}/{name}", digest=digest(x), problem=problem, error=err, bytes=sent)
+    for method in ("topk", "randomk"):
+        setting = Compression(method, ratio=SPARSE_RATIO)  # type: ignore[arg-type]
+        total = np.zeros(exact.size)
+        before = group.bytes_sent
+        errors, l2 = [], []  # of the mean of the results after 1, T / 2 and T calls
+        for call in range(1, FEEDBACK_CALLS + 1):
+            x = everyone[r].copy()
+            group.allreduce(x, compress=setting, key="gradient")
+            total += x
+            if call in (1, FEEDBACK_CALLS // 2, FEEDBACK_CALLS):
+                errors.append(relative_error(total / call, exact))
+                l2.append(float(np.linalg.norm(total / call - exact) / np.linalg.norm(exact)))
+        sent = (group.bytes_sent - before) // FEEDBACK_CALLS
+        say(
+            case=method,
+            digest=digest(total),
+            problem="",
+            error=errors[-1],
+            errors=errors,
+            l2=l2,
+            bytes=sent,
+        )
+
+
 SCENARIOS = {
     "matrix": lambda g: matrix(g, ["small", "large"]),
     "small": lambda g: matrix(g, ["small"]),
@@ -184,6 +238,7 @@ SCENARIOS = {
     "lie_small": lambda g: lie(g, 1000),  # recursive doubling
     "lie_large": lambda g: lie(g, 1 << 20),  # the ring
     "stranger": stranger,
+    "compression": compression,
 }
 
 

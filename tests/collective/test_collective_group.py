@@ -80,27 +80,36 @@ def test_the_rendezvous_refuses_a_rank_that_came_already() -> None:
     assert "has come already" in reasons[0] and "did not come" in reasons[1], reasons
 
 
+def refused(group: Group, calls: tuple[Callable[[], object], ...]) -> list[str]:
+    """The type of the error each call raises (ValueError or TypeError, or the test fails);
+    then a barrier, to show the group is still good."""
+    errors = []
+    for call in calls:
+        with pytest.raises((ValueError, TypeError)) as info:
+            call()
+        errors.append(type(info.value).__name__)
+    group.barrier()
+    return errors
+
+
 def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
     def body(rank: int) -> list[str]:
         with Group.join(url, rank=rank, size=2) as g:
-            errors = []
-            for call in (
-                lambda: g.allreduce(np.ones(3), "prod"),  # type: ignore[arg-type]
-                lambda: g.allreduce(np.ones(3, np.int32), "mean"),
-                lambda: g.allreduce(np.ones(3), out=np.ones(4)),
-                lambda: g.allreduce(np.ones(3), algorithm="tree"),  # type: ignore[arg-type]
-                lambda: g.reduce_scatter(np.ones(3)),
-                lambda: g.allgather(np.ones(3), out=np.ones(5)),
-                lambda: g.broadcast(np.ones(3), root=2),
-                lambda: g.allreduce(np.array(["a"])),
-                lambda: g.allreduce([1.0, 2.0]),
-                lambda: g.allreduce(np.broadcast_to(np.ones(1), (3,))),  # read-only
-            ):
-                with pytest.raises((ValueError, TypeError)) as info:
-                    call()
-                errors.append(type(info.value).__name__)
-            g.barrier()  # the group is still good
-            return errors
+            return refused(
+                g,
+                (
+                    lambda: g.allreduce(np.ones(3), "prod"),  # type: ignore[arg-type]
+                    lambda: g.allreduce(np.ones(3, np.int32), "mean"),
+                    lambda: g.allreduce(np.ones(3), out=np.ones(4)),
+                    lambda: g.allreduce(np.ones(3), algorithm="tree"),  # type: ignore[arg-type]
+                    lambda: g.reduce_scatter(np.ones(3)),
+                    lambda: g.allgather(np.ones(3), out=np.ones(5)),
+                    lambda: g.broadcast(np.ones(3), root=2),
+                    lambda: g.allreduce(np.array(["a"])),
+                    lambda: g.allreduce([1.0, 2.0]),
+                    lambda: g.allreduce(np.broadcast_to(np.ones(1), (3,))),  # read-only
+                ),
+            )
 
     url = f"mem://coll-{uuid.uuid4().hex}"
     first, second = in_threads(2, body)

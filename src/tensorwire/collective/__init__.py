@@ -15,9 +15,11 @@ What exists now:
   operation or shape makes every rank raise a typed error naming it
   (:class:`~tensorwire.errors.RankFailed`, :class:`~tensorwire.errors.CollectiveMismatch`).
   A connection without the group's token (given out at the rendezvous) is refused.
+- Compression inside the allreduce (``compress=``, :class:`Compression`): fp16/bf16 and
+  blockwise int8 along the ring with float32 partial sums at every hop, top-k / random-k
+  with error feedback (every rank's part, summed on every rank).
 
-Still to come (issue #26): compression inside the collective (fp16/bf16, int8 with fp32
-accumulation, top-k with error feedback); credentials and encryption on the links (``tls=``,
+Still to come (issue #26): credentials and encryption on the links (``tls=``,
 per-rank keys: today the token keeps strangers out but the traffic is in the clear);
 elastic mode (a group that shrinks past a failed rank); ``tensorwire bench collective`` on
 the testbed's shaped links.
@@ -27,6 +29,7 @@ torch.distributed's backend ``"tensorwire"`` registers when
 DDP comm hook is ``tensorwire.collective.ddp.allreduce_hook``.
 """
 
+from tensorwire.collective.compression import COMPRESSION_METHODS, Compression
 from tensorwire.collective.group import Group
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import REDUCE_OPS
@@ -34,9 +37,11 @@ from tensorwire.collective.rendezvous import Rendezvous
 from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
 
 __all__ = [
+    "COMPRESSION_METHODS",
     "REDUCE_OPS",
     "CollectiveError",
     "CollectiveMismatch",
+    "Compression",
     "Group",
     "GroupOptions",
     "RankFailed",

@@ -66,6 +66,7 @@ class RankConnection:
         self.last_heard = time.monotonic()
         self.peer_seq = 0  # the last operation the peer said it started
         self.gone: str | None = None  # why the peer will send no more (it said bye)
+        self.said_bye = False  # the peer closed the group, done with what it had started
         self._stopping = False
         self._wake_r, self._wake_w = waker()
         self._threads = [
@@ -183,6 +184,7 @@ class RankConnection:
                 state.fail(error(rank, reason), tell=False)
             elif msg.kind == messages.BYE:
                 self.gone = "left the group (closed it)"
+                self.said_bye = True
             state.changed.notify_all()
 
     def _lost(self, reason: str) -> None:

@@ -11,8 +11,9 @@ from typing import Any, Literal
 import numpy as np
 
 from tensorwire.collective import broadcast as broadcasts
-from tensorwire.collective import doubling, ring
+from tensorwire.collective import compressed_allreduce, doubling, ring
 from tensorwire.collective.arrays import WorkArray, as_array
+from tensorwire.collective.compression import Compression, CompressionMethod, compression_for
 from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
@@ -61,6 +62,7 @@ class Group:
         self.options = options
         self.rank = state.rank
         self.size = state.size
+        self._feedback = compressed_allreduce.FeedbackMemory()
 
     # -- forming a group --------------------------------------------------------------
 
@@ -190,6 +192,8 @@ class Group:
         *,
         out: Any = None,
         algorithm: AllreduceAlgorithm | None = None,
+        compress: CompressionMethod | Compression | None = None,
+        key: str | None = None,
         timeout: float | None = None,
     ) -> Any:
         """Combine ``x`` element-wise over every rank (``op``: sum, mean, min, max), in
@@ -197,17 +201,39 @@ class Group:
 
         ``algorithm``: "ring" or "recursive_doubling" (default by size: ring from
         ``options.ring_min_bytes``). float16/bfloat16 sums accumulate in float32 per step.
+
+        ``compress`` (default ``options.compress``; ``"none"`` for exact): ``"fp16"``,
+        ``"bf16"``, ``"int8"``, ``"topk"``, ``"randomk"`` or a
+        :class:`~tensorwire.collective.Compression`, for sum and mean of float tensors
+        that go round the ring; smaller ones (recursive doubling) are sent exact.
+        ``key`` names the tensor whose error-feedback residual top-k and random-k keep
+        across calls (default: its dtype and shape; give distinct tensors distinct keys).
         """
         src = as_array(x, "x")
         check_reduction(op, src.dtype)
+        compression = compression_for(compress, self.options.compress, op, src.dtype, algorithm)
         work = WorkArray(x if out is None else out, "x" if out is None else "out")
         if out is not None:
             self._check_out(work.array, src.shape, src.dtype)
             work.flat[...] = src.reshape(-1)
         flat = work.flat
         chosen = self._pick(flat.nbytes, algorithm, "recursive_doubling")
-        opn = self._operation(f"allreduce({op}, {_describe(src)}, {chosen})", timeout)
-        if chosen == "ring":
+        if chosen != "ring":
+            compression = None
+        how = chosen if compression is None else f"{chosen}, {compression.label}"
+        opn = self._operation(f"allreduce({op}, {_describe(src)}, {how})", timeout)
+        if compression is not None:
+            compressed_allreduce.allreduce(
+                opn,
+                flat,
+                compression,
+                self._feedback,
+                _describe(src) if key is None else key,
+                self.rank,
+                self.size,
+                self.options.piece_bytes,
+            )
+        elif chosen == "ring":
             ring.allreduce(opn, flat, op, self.rank, self.size, self.options.piece_bytes)
         else:
             doubling.allreduce(opn, flat, op, self.rank, self.size)
@@ -298,6 +324,12 @@ class Group:
         """Connections this rank's listener refused (who, why): the most recent 100."""
         with self._state.lock:
             return list(self._state.refusals)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank's operations have sent to the other ranks (wire messages: pieces
+        with their headers; not heartbeats or the handshake)."""
+        return self._state.bytes_sent
 
     @property
     def failure(self) -> Exception | None:

@@ -35,6 +35,7 @@ class Operation:
     def send(self, peer: int, piece: np.ndarray) -> None:
         """Queue ``piece`` for ``peer``; it must stay unchanged until :meth:`wait_sent`."""
         enc = messages.data(piece, self.seq, self.sig, self._checksum)
+        self._state.bytes_sent += enc.nbytes
         self._tickets[peer] = self._connection(peer).post(enc, self.deadline)
 
     def expect(self, peer: int, buf: np.ndarray) -> None:
@@ -74,7 +75,8 @@ class Operation:
         with state.lock:
             for peer, ticket in self._tickets.items():
                 conn = self._connection(peer)
-                while conn.sent < ticket:
+                # a rank that took part and then closed the group got all it needed from us
+                while conn.sent < ticket and not (conn.said_bye and conn.peer_seq >= self.seq):
                     self._wait(peer, conn, f"took none of what rank {state.rank} sent")
         self._tickets.clear()
 

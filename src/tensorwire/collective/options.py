@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tensorwire.collective.compression import Compression, CompressionMethod, compression_of
+
 KiB = 1 << 10
 
 
@@ -24,6 +26,9 @@ class GroupOptions:
     - ``piece_bytes``: the ring and the chain move tensors in pieces of at most this many
       bytes, so that a piece travels on while the next is received (every link busy).
     - ``checksum``: every piece carries an xxh3 digest of its bytes, checked on arrival.
+    - ``compress``: how ``allreduce`` compresses tensors when not told on the call:
+      ``"fp16"``, ``"bf16"``, ``"int8"``, ``"topk"``, ``"randomk"``, a
+      :class:`~tensorwire.collective.Compression`, or None (exact).
     """
 
     timeout: float = 60.0
@@ -32,6 +37,10 @@ class GroupOptions:
     ring_min_bytes: int = 512 * KiB
     piece_bytes: int = 4096 * KiB
     checksum: bool = True
+    compress: CompressionMethod | Compression | None = None
+
+    def __post_init__(self) -> None:
+        compression_of(self.compress)  # a wrong name fails as the group forms, not mid-run
 
     @property
     def silence(self) -> float:

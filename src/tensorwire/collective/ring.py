@@ -24,13 +24,15 @@ def segment_bounds(n: int, size: int) -> list[int]:
     return [i * n // size for i in range(size + 1)]
 
 
-def _pieces(bounds: list[int], segment: int, piece: int) -> Iterator[slice]:
+def pieces(bounds: list[int], segment: int, piece: int) -> Iterator[slice]:
+    """The slices of segment ``segment`` that travel as one piece (``piece`` elements)."""
     start, end = bounds[segment], bounds[segment + 1]
     for lo in range(start, end, piece):
         yield slice(lo, min(lo + piece, end))
 
 
-def _piece_elements(flat: np.ndarray, piece_bytes: int) -> int:
+def piece_elements(flat: np.ndarray, piece_bytes: int) -> int:
+    """Elements of ``flat`` in a piece of at most ``piece_bytes`` (at least one)."""
     return max(1, piece_bytes // max(flat.itemsize, 1))
 
 
@@ -42,13 +44,13 @@ def reduce_scatter(
     bounds = segment_bounds(flat.size, size)
     if size == 1:
         return bounds
-    piece = _piece_elements(flat, piece_bytes)
+    piece = piece_elements(flat, piece_bytes)
     right, left = (rank + 1) % size, (rank - 1) % size
-    for part in _pieces(bounds, (rank - 1) % size, piece):
+    for part in pieces(bounds, (rank - 1) % size, piece):
         opn.send(right, flat[part])
     for step in range(size - 1):
         forward = step < size - 2
-        for part in _pieces(bounds, (rank - step - 2) % size, piece):
+        for part in pieces(bounds, (rank - step - 2) % size, piece):
             acc = flat[part]
             combine(op, acc, opn.recv(left, size=acc.size))
             if forward:
@@ -63,19 +65,17 @@ def allgather(
     """Fill every segment of ``flat`` from the rank that holds it (rank ``r``, segment ``r``)."""
     if size == 1:
         return
-    piece = _piece_elements(flat, piece_bytes)
+    piece = piece_elements(flat, piece_bytes)
     right, left = (rank + 1) % size, (rank - 1) % size
     incoming = [
-        part
-        for step in range(size - 1)
-        for part in _pieces(bounds, (rank - step - 1) % size, piece)
+        part for step in range(size - 1) for part in pieces(bounds, (rank - step - 1) % size, piece)
     ]
     for part in incoming:
         opn.expect(left, flat[part])
-    for part in _pieces(bounds, rank, piece):
+    for part in pieces(bounds, rank, piece):
         opn.send(right, flat[part])
     # the last segment to arrive (the right neighbour's) goes no further
-    forwarded_until = len(incoming) - len(list(_pieces(bounds, (rank + 1) % size, piece)))
+    forwarded_until = len(incoming) - len(list(pieces(bounds, (rank + 1) % size, piece)))
     for i, part in enumerate(incoming):
         opn.recv(left, into=flat[part])
         if i < forwarded_until:

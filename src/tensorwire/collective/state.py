@@ -43,6 +43,7 @@ class GroupState:
         self.changed = threading.Condition(self.lock)  # an operation waits on it
         self.connections: dict[int, RankConnection] = {}
         self.seq = 0  # the last operation this rank started
+        self.bytes_sent = 0  # by this rank's operations, headers included
         self.failure: CollectiveError | None = None
         self.closing = False
         self.refusals: deque[tuple[str, str]] = deque(maxlen=MAX_REFUSALS)
