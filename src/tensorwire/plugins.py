@@ -16,6 +16,7 @@ one broken package must not take tensorwire's own transports and codecs with it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
@@ -24,15 +25,27 @@ TRANSPORTS = "tensorwire.transports"
 CODECS = "tensorwire.codecs"
 
 log = logging.getLogger("tensorwire.plugins")
-_loaded: set[str] = set()
+_started: set[str] = set()  # groups being or already read
+_done: set[str] = set()  # groups read whole
+# another thread asking meanwhile waits for the whole group; the loading thread itself (a
+# plugin whose import asks for a scheme or codec) goes on with what is registered so far
+_loading = threading.RLock()
 
 
 def load_group(group: str, register: Callable[[Any], object]) -> None:
     """Hand each object the installed packages name under ``group`` to ``register``, once
     per process."""
-    if group in _loaded:
+    if group in _done:
         return
-    _loaded.add(group)
+    with _loading:
+        if group in _started:
+            return
+        _started.add(group)
+        _register_all(group, register)
+        _done.add(group)
+
+
+def _register_all(group: str, register: Callable[[Any], object]) -> None:
     for ep in entry_points(group=group):
         where = f"{ep.name} = {ep.value}" + (f" (from {ep.dist.name})" if ep.dist else "")
         try:
