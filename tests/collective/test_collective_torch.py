@@ -57,6 +57,12 @@ def test_ddp_over_tensorwire_follows_gloo_step_for_step(tmp_path):
                 f"{max_difference(half['losses'], gloo['losses']):.2e} of gloo's"
             )
             assert abs(half["accuracy"] - gloo["accuracy"]) <= 0.02
+        int8 = report["hook_int8"]
+        print(
+            f"rank {rank} hook_int8: accuracy {int8['accuracy']:.4f} vs {gloo['accuracy']:.4f}, "
+            f"losses within {max_difference(int8['losses'], gloo['losses']):.2e} of gloo's"
+        )
+        assert abs(int8["accuracy"] - gloo["accuracy"]) <= 0.01  # the 1 point
 
 
 @pytest.mark.parametrize("scenario", ["fault", "hang"])

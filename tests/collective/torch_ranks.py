@@ -172,7 +172,7 @@ def operations(rank: int, size: int, gloo: Any) -> dict[str, Any]:
 
 def ddp(rank: int, size: int, gloo: Any) -> dict[str, Any]:
     """The same model trained with DDP over tensorwire (plain, and through the comm hook in
-    float32, bfloat16 and float16) and over gloo: every step's loss and the final accuracy."""
+    float32, bfloat16, float16 and int8) and over gloo: every step's loss and the final accuracy."""
     import torch
     from sklearn.datasets import load_digits
     from torch.nn.parallel import DistributedDataParallel
@@ -213,6 +213,7 @@ def ddp(rank: int, size: int, gloo: Any) -> dict[str, Any]:
         "hook": train(None, CommHookState()),
         "hook_bf16": train(None, CommHookState(wire_dtype=torch.bfloat16)),
         "hook_fp16": train(None, CommHookState(wire_dtype=torch.float16)),
+        "hook_int8": train(None, CommHookState(compress="int8")),
     }
 
 

@@ -25,8 +25,10 @@ class CommHookState:
     - ``wire_dtype``: ``torch.float16`` or ``torch.bfloat16`` to send the bucket in (half
       the bytes; each gradient is divided by the group's size first, so the sum does not
       overflow), or None to send it as it is.
-    - ``compress``: given to ``Group.allreduce(compress=...)`` as it is (such as "int8"),
-      for the codecs inside the collective; None sends the bucket uncompressed.
+    - ``compress``: given to ``Group.allreduce(compress=...)`` as it is (such as "int8"
+      or "topk"), for the codecs inside the collective: every bucket then goes round the
+      ring, however small, and top-k/random-k keep each bucket's error-feedback residual
+      apart; None sends the bucket uncompressed.
     """
 
     process_group: Any = None
@@ -49,7 +51,13 @@ def allreduce_hook(state: CommHookState, bucket: dist.GradBucket) -> Future[torc
     the future holds the averaged bucket, in the gradients' own dtype."""
     pg = state.group()
     buffer = bucket.buffer()
-    keywords: dict[str, Any] = {} if state.compress is None else {"compress": state.compress}
+    keywords: dict[str, Any] = {}
+    if state.compress is not None:  # asked for: compressed whatever the bucket's size
+        keywords = {
+            "compress": state.compress,
+            "algorithm": "ring",
+            "key": f"ddp-bucket-{bucket.index()}",
+        }
     if state.wire_dtype is None:
         return pg.submit(lambda: pg.group.allreduce(buffer, "mean", **keywords))
     wire = buffer.div(pg.group.size).to(state.wire_dtype)
