@@ -190,22 +190,19 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
     assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]
 
 
-def test_connections_over_the_handshake_limit_are_refused_at_once(hub, monkeypatch):
-    monkeypatch.setattr(listener, "MAX_HANDSHAKES", 3)
+def test_silent_connections_cost_no_thread_and_the_oldest_make_room(hub, monkeypatch):
+    monkeypatch.setattr(listener, "MAX_SILENT_PER_SOURCE", 3)
     silent = []
-    for _ in range(3):
+    for _ in range(5):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.connect(address(hub.url.removeprefix("shm://")))
         silent.append(sock)
-    _until(lambda: len(hub._listener._threads) == 3, "three connections are in their handshake")
-    with pytest.raises(TransportTimeout):
-        tensorwire.connect(hub.url, client_id="late", timeout=0.5)
-    assert any("too many" in e.reason for e in hub.events if e.kind == "refused")
+    _until(lambda: sum("newer ones" in e.reason for e in hub.events) == 2, "two made room")
+    assert hub._listener.silent <= 3 and not hub._listener._threads
+    with tensorwire.connect(hub.url, client_id="late", timeout=T):  # spoke: in at once
+        hub.wait_for(1, timeout=T)
     for sock in silent:
         sock.close()
-    _until(lambda: not hub._listener._threads, "the silent connections are dropped")
-    with tensorwire.connect(hub.url, client_id="later", timeout=T):
-        hub.wait_for(1, timeout=T)
 
 
 def test_broadcast_writes_one_segment_that_every_client_maps(hub, connect):

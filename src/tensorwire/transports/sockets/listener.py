@@ -1,17 +1,38 @@
-"""A listening stream socket that gives each connection a thread of its own, with a guard
-against floods of connections that never say hello."""
+"""A listening stream socket that gives each connection a thread of its own once it speaks,
+with guards against floods of connections that never say hello.
+
+A connection that has sent nothing yet costs a file descriptor and a slot in the accepting
+thread's selector, not a thread: thousands of idle ones cannot keep a device out. Bounds:
+
+- at most :data:`MAX_SILENT` connections wait silent at once, and at most
+  :data:`MAX_SILENT_PER_SOURCE` from one address; past either, the oldest silent one (of that
+  address) is closed to make room for the new one, so whoever reopens idle sockets only
+  pushes out their own, and a device, which speaks at once, gets through;
+- a connection silent for ``silent_timeout`` seconds (default :data:`SILENT_S`) is closed;
+- at most :data:`MAX_HANDSHAKES` connections run their handshake at once (a thread each, up
+  to the handshake's own deadline); connections that have spoken wait for a turn, the oldest
+  dropped past :data:`MAX_SILENT` waiting.
+"""
 
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from tensorwire.errors import TransportError, WireError
 from tensorwire.transports.sockets.tuning import shutdown
+from tensorwire.transports.sockets.waker import drain, wake, waker
 
-MAX_HANDSHAKES = 64  # connections at once that have not said hello; more are closed at once
+MAX_HANDSHAKES = 64  # connections in their handshake at once (a thread each)
+MAX_SILENT = 1024  # connections that have not spoken yet, at once
+MAX_SILENT_PER_SOURCE = 256  # ... from one source address
+SILENT_S = 10.0  # seconds a connection may stay silent before it is closed
+ACCEPT_BATCH = 64  # connections accepted per wake-up of the accepting thread
 
 Admitted = TypeVar("Admitted")
 
@@ -20,14 +41,19 @@ def _host_port(conn: socket.socket, address: Any) -> str:
     return f"{address[0]}:{address[1]}"
 
 
+def _source(address: Any) -> Any:
+    """The part of an address one sender cannot vary at will (the host, not the port)."""
+    return address[0] if isinstance(address, tuple) and address else address
+
+
 class Listener(Generic[Admitted]):
     """Accepts connections on ``sock`` (bound and listening) in a thread of its own.
 
-    Each connection gets a thread that runs ``handshake(conn, address)``; what that returns
-    is handed to ``serve`` on the same thread. A handshake that raises ``WireError`` or
-    ``TransportError`` is reported to ``refused(who, error)`` and its connection closed. At
-    most :data:`MAX_HANDSHAKES` connections are in their handshake at once: further ones are
-    refused and closed at once, so a flood of silent connections does not cost a thread each.
+    Once a connection has sent something (see the module doc for the bounds on those that
+    have not), it gets a thread that runs ``handshake(conn, address)``; what that returns is
+    handed to ``serve`` on the same thread. A handshake that raises ``WireError`` or
+    ``TransportError`` is reported to ``refused(who, error)`` and its connection closed, as
+    is a connection dropped by a bound.
     """
 
     def __init__(
@@ -39,6 +65,7 @@ class Listener(Generic[Admitted]):
         serve: Callable[[Admitted], None],
         refused: Callable[[str, Exception], None],
         who: Callable[[socket.socket, Any], str] = _host_port,
+        silent_timeout: float | None = None,
     ) -> None:
         self.sock = sock
         self._name = name
@@ -46,28 +73,116 @@ class Listener(Generic[Admitted]):
         self._serve = serve
         self._refused = refused
         self._who = who
+        self._silent_timeout = SILENT_S if silent_timeout is None else silent_timeout
         self._lock = threading.Lock()  # guards the two below
         self._threads: set[threading.Thread] = set()  # one per connection, until it ends
         self._handshaking = 0
+        # the accepting thread's own: silent connections (oldest first), those that spoke
+        self._silent: dict[socket.socket, tuple[Any, float]] = {}
+        self._spoke: deque[tuple[socket.socket, Any]] = deque()
+        self._closed = False
+        self._wake_r, self._wake_w = waker()  # a handshake ended, or close()
+        sock.setblocking(False)
         self._accepting = threading.Thread(
             target=self._accept_loop, name=f"{name}-accept", daemon=True
         )
         self._accepting.start()
 
+    @property
+    def silent(self) -> int:
+        """Connections accepted that have not spoken yet (a snapshot)."""
+        return len(self._silent)
+
     def _accept_loop(self) -> None:
-        while True:
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        try:
+            while not self._closed:
+                timeout = None
+                if self._silent:
+                    _, since = next(iter(self._silent.values()))
+                    timeout = max(0.0, since + self._silent_timeout - time.monotonic())
+                for key, _ in sel.select(timeout):
+                    if key.fileobj is self.sock:
+                        if not self._accept(sel):
+                            return  # listening socket shut down by close()
+                    elif key.fileobj is self._wake_r:
+                        drain(self._wake_r)
+                    else:  # a silent connection spoke (or closed: its handshake sees that)
+                        conn = key.fileobj
+                        assert isinstance(conn, socket.socket)
+                        sel.unregister(conn)
+                        address, _ = self._silent.pop(conn)
+                        self._spoke.append((conn, address))
+                self._expire(sel)
+                self._start_handshakes()
+        finally:
+            for conn in list(self._silent):
+                conn.close()
+            for conn, _ in self._spoke:
+                conn.close()
+            self._silent.clear()
+            self._spoke.clear()
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> bool:
+        """Accept what is waiting (up to a batch); False once the socket is shut down."""
+        for _ in range(ACCEPT_BATCH):
             try:
                 conn, address = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
             except OSError:
-                return  # listening socket shut down by close()
+                return False
+            conn.setblocking(True)
+            if len(self._silent) >= MAX_SILENT_PER_SOURCE:
+                source = _source(address)
+                same = [c for c, (a, _) in self._silent.items() if _source(a) == source]
+                if len(same) >= MAX_SILENT_PER_SOURCE:
+                    why = f"{MAX_SILENT_PER_SOURCE} newer ones from its address came"
+                    self._drop(sel, same[0], f"said nothing while {why}")
+                elif len(self._silent) >= MAX_SILENT:
+                    why = f"{MAX_SILENT} newer ones came"
+                    self._drop(sel, next(iter(self._silent)), f"said nothing while {why}")
+            self._silent[conn] = (address, time.monotonic())
+            sel.register(conn, selectors.EVENT_READ)
+        return True
+
+    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket, reason: str) -> None:
+        """Close a silent connection, telling ``refused`` why."""
+        sel.unregister(conn)
+        address, _ = self._silent.pop(conn)
+        self._refuse(conn, address, reason)
+
+    def _refuse(self, conn: socket.socket, address: Any, reason: str) -> None:
+        try:
+            who = self._who(conn, address)
+        except OSError:
+            who = repr(address)
+        self._refused(who, TransportError(reason))
+        conn.close()
+
+    def _expire(self, sel: selectors.BaseSelector) -> None:
+        cutoff = time.monotonic() - self._silent_timeout
+        expired = []
+        for conn, (_, since) in self._silent.items():  # oldest first
+            if since > cutoff:
+                break
+            expired.append(conn)
+        for conn in expired:
+            self._drop(sel, conn, f"said nothing for {self._silent_timeout:g} s")
+
+    def _start_handshakes(self) -> None:
+        while len(self._spoke) > MAX_SILENT:
+            conn, address = self._spoke.popleft()
+            self._refuse(conn, address, f"too many handshakes waiting ({MAX_SILENT})")
+        while self._spoke:
             with self._lock:
-                crowded = self._handshaking >= MAX_HANDSHAKES
-                if not crowded:
-                    self._handshaking += 1
-            if crowded:
-                self._refused(self._who(conn, address), TransportError("too many handshakes"))
-                conn.close()
-                continue
+                if self._handshaking >= MAX_HANDSHAKES:
+                    return  # the next to end wakes this thread
+                self._handshaking += 1
+            conn, address = self._spoke.popleft()
             t = threading.Thread(
                 target=self._connection,
                 args=(conn, address),
@@ -90,16 +205,22 @@ class Listener(Generic[Admitted]):
             finally:
                 with self._lock:
                     self._handshaking -= 1
+                wake(self._wake_w)  # a turn for a connection that spoke
             self._serve(admitted)
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
     def close(self) -> None:
-        """Stop accepting (the connections' threads run on: see :meth:`join`)."""
+        """Stop accepting and close the connections not in a handshake yet (the others'
+        threads run on: see :meth:`join`)."""
+        self._closed = True
         shutdown(self.sock)
         self.sock.close()
+        wake(self._wake_w)
         self._accepting.join(timeout=5)
+        self._wake_r.close()
+        self._wake_w.close()
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for each connection's thread to end."""

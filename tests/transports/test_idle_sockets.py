@@ -1,0 +1,78 @@
+"""Idle sockets cannot keep devices out of a hub (issue #27): connections that say nothing
+wait in the listener's selector, not in a thread each; the oldest make room for new ones;
+each is closed after ``SILENT_S``; a device, which speaks at once, joins at once."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+import pytest
+
+import tensorwire
+from tensorwire.transports.shm.options import address
+from tensorwire.transports.sockets import listener
+from tensorwire.transports.url import host_port
+
+T = 20.0  # seconds: a generous bound for what should take milliseconds
+IDLE = 200  # the issue's case: 200 idle sockets held open
+JOIN_S = 2.0  # a device's whole connect deadline: a lockout (10 s before) fails it
+
+
+def _until(cond, what: str) -> None:
+    deadline = time.monotonic() + T
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
+
+
+def _idle_tcp(url: str) -> socket.socket:
+    return socket.create_connection(host_port(url), timeout=T)
+
+
+def _idle_shm(url: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(address(url.removeprefix("shm://")))
+    return sock
+
+
+CASES = {
+    "tcp": ("tcp://127.0.0.1:0", _idle_tcp),
+    "shm": (f"shm://tw-idle-{uuid.uuid4().hex[:10]}", _idle_shm),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(CASES))
+def test_a_device_joins_at_once_past_200_idle_sockets_reopened_as_they_close(scheme, monkeypatch):
+    monkeypatch.setattr(listener, "SILENT_S", 1.0)  # read as the hub's listener is made
+    url, idle = CASES[scheme]
+    with tensorwire.serve(url, codec=None) as hub:
+        held = [idle(hub.url) for _ in range(IDLE)]
+        _until(lambda: hub._listener.silent == IDLE, f"the hub holds {IDLE} silent sockets")
+        assert not hub._listener._threads  # none costs a thread
+        with tensorwire.connect(hub.url, client_id="good", codec=None, timeout=JOIN_S) as ch:
+            assert hub.wait_for(1, timeout=T) == ["good"]
+            ch.send(meta={"hello": 1})
+            assert hub.recv(timeout=T)[0] == "good"
+        # the hub closes each after SILENT_S; the attacker reopens them, the next device
+        # still gets in
+        _until(lambda: any("said nothing for 1 s" in e.reason for e in hub.events), "expiry")
+        for sock in held:
+            sock.close()
+        held = [idle(hub.url) for _ in range(IDLE)]
+        with tensorwire.connect(hub.url, client_id="next", codec=None, timeout=JOIN_S):
+            _until(lambda: "next" in hub.clients, "the next device is in")
+        for sock in held:
+            sock.close()
+
+
+def test_one_address_cannot_hold_more_than_its_share(monkeypatch):
+    monkeypatch.setattr(listener, "MAX_SILENT_PER_SOURCE", 8)
+    with tensorwire.serve("tcp://127.0.0.1:0", codec=None) as hub:
+        held = [_idle_tcp(hub.url) for _ in range(20)]
+        _until(lambda: hub._listener.silent == 8 and len(hub.events) >= 12, "room made")
+        assert sum("from its address" in e.reason for e in hub.events) == 12  # the oldest
+        assert all(s.recv(1) == b"" for s in held[:12])  # closed by the hub
+        for sock in held:
+            sock.close()
