@@ -4,7 +4,10 @@ each is closed after ``SILENT_S``; a device, which speaks at once, joins at once
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
+import threading
 import time
 import uuid
 
@@ -65,6 +68,51 @@ def test_a_device_joins_at_once_past_200_idle_sockets_reopened_as_they_close(sch
             _until(lambda: "next" in hub.clients, "the next device is in")
         for sock in held:
             sock.close()
+
+
+@contextlib.contextmanager
+def _idle_quic(url: str, n: int):
+    """``n`` QUIC connections to the hub at ``url`` that finish their handshake and then
+    say nothing (no hello), held open by an event loop of their own until the block ends."""
+    from aioquic.asyncio import connect
+
+    from tensorwire.transports.quic.settings import parse_quic_url
+    from tensorwire.transports.quic.tls import channel_configuration
+
+    host, port = host_port(url)
+    config = channel_configuration(parse_quic_url(url), None, host)
+    opened = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = loop.create_future()
+
+    async def one() -> None:
+        nonlocal count
+        async with connect(host, port, configuration=config):
+            count += 1
+            if count == n:
+                opened.set()
+            await stop
+
+    async def hold() -> None:
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    count = 0
+    thread = threading.Thread(target=loop.run_until_complete, args=(hold(),), daemon=True)
+    thread.start()
+    try:
+        assert opened.wait(T), f"{n} idle QUIC connections did not open in {T} s"
+        yield
+    finally:
+        # aioquic's graceful close drains for seconds: the daemon thread finishes it alone
+        loop.call_soon_threadsafe(lambda: stop.done() or stop.set_result(None))
+
+
+def test_a_device_joins_a_quic_hub_at_once_past_200_idle_connections():
+    pytest.importorskip("aioquic", reason="quic needs aioquic (extra tensorwire[quic])")
+    with tensorwire.serve("quic://127.0.0.1:0", codec=None) as hub, _idle_quic(hub.url, IDLE):
+        assert len(hub._waiting) == IDLE  # every one of them waits for its hello
+        with tensorwire.connect(hub.url, client_id="good", codec=None, timeout=JOIN_S):
+            assert hub.wait_for(1, timeout=T) == ["good"]
 
 
 def test_one_address_cannot_hold_more_than_its_share(monkeypatch):

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
-from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, _log_limited
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions
 from tensorwire.transports.quic.compat import (
     CertificateRequestingConnection,
     TunedQuicConnection,
@@ -37,7 +37,7 @@ from tensorwire.transports.session import (
     State,
     bye,
 )
-from tensorwire.transports.sockets import MAX_HANDSHAKES
+from tensorwire.transports.sockets import MAX_SILENT, MAX_SILENT_PER_SOURCE, WaitingRoom
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Message
 
@@ -63,6 +63,8 @@ class QuicHub(Hub):
         self.url = f"quic://{host}:{sock.getsockname()[1]}{query}"
         self._peers: dict[str, Connection] = {}
         self._sessions: dict[Connection, HubSession] = {}
+        # connections with no hello yet: the oldest make room for new ones (I/O thread's own)
+        self._waiting: WaitingRoom[Connection] = WaitingRoom(MAX_SILENT, MAX_SILENT_PER_SOURCE)
         self._lock = threading.Lock()
         self._engine = Engine(sock, f"tensorwire-quic-hub-{sock.getsockname()[1]}", self._accept)
         self._engine.tick = self._tick
@@ -70,10 +72,6 @@ class QuicHub(Hub):
     # -- on the I/O thread ---------------------------------------------------------------
 
     def _accept(self, header: Any, addr: Any, now: float) -> Connection | None:
-        waiting = sum(1 for s in self._sessions.values() if s.client_id is None)
-        if waiting >= MAX_HANDSHAKES:
-            _log_limited("quic handshakes", "quic: too many connections without a hello")
-            return None
         cls = CertificateRequestingConnection if self._mutual else TunedQuicConnection
         conn = cls(
             configuration=self._config, original_destination_connection_id=header.destination_cid
@@ -82,6 +80,9 @@ class QuicHub(Hub):
             conn, addr, client_side=False, limits=HELLO_LIMITS, deliver=self._deliver
         )
         self._sessions[connection] = HubSession(**self._session_options())
+        for old, why in self._waiting.add(connection, addr[0], now):
+            self._refused(old.who, TransportError(f"said no hello while {why}"))
+            old.close(APP_REFUSED, "no hello in time")
         return connection
 
     def _tick(self, now: float) -> None:
@@ -103,6 +104,7 @@ class QuicHub(Hub):
 
     def _ended(self, connection: Connection, session: HubSession) -> None:
         del self._sessions[connection]
+        self._waiting.remove(connection)
         cid = session.client_id
         if cid is None:
             return
@@ -176,6 +178,7 @@ class QuicHub(Hub):
         cid = hello.client_id
         connection.limits = self.limits
         connection.hello_only = False
+        self._waiting.remove(connection)
         with self._lock:
             old = self._peers.get(cid)
             self._peers[cid] = connection

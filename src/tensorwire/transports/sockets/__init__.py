@@ -3,7 +3,8 @@
 - ``waker``: a socketpair that wakes a thread waiting in ``poll``.
 - ``waiting``: ``poll`` with a deadline.
 - ``tuning``: a connected stream socket's settings, and its quiet end.
-- ``listener``: the accept thread, a thread per connection, the handshake flood guard.
+- ``listener``: the accept thread, a thread per connection once it speaks, the flood guards.
+- ``waiting_room``: connections that have not spoken yet, bounded, the oldest pushed out.
 - ``dialling``: one connection to a hub, tuned and secured when asked.
 - ``sendmsg``: scatter-gather sends on a blocking socket with a per-call deadline.
 - ``tls_stream``: TLS 1.3, then AES-128-OCB3 records (``docs/transports/tcp.md``).
@@ -12,22 +13,31 @@
 """
 
 from tensorwire.transports.sockets.dialling import connect_stream
-from tensorwire.transports.sockets.listener import MAX_HANDSHAKES, Listener
+from tensorwire.transports.sockets.listener import (
+    MAX_HANDSHAKES,
+    MAX_SILENT,
+    MAX_SILENT_PER_SOURCE,
+    Listener,
+)
 from tensorwire.transports.sockets.reader import ReadInterrupted, StreamReader
 from tensorwire.transports.sockets.sending import send_before_close, send_encoded
 from tensorwire.transports.sockets.sendmsg import sendmsg_all
 from tensorwire.transports.sockets.tls_stream import TlsStream, tls_error, wrap_tls
 from tensorwire.transports.sockets.tuning import shutdown, tune
 from tensorwire.transports.sockets.waiting import poller, wait_ready
+from tensorwire.transports.sockets.waiting_room import WaitingRoom
 from tensorwire.transports.sockets.waker import WAKE_BYTES, drain, wake, waker
 
 __all__ = [
     "MAX_HANDSHAKES",
+    "MAX_SILENT",
+    "MAX_SILENT_PER_SOURCE",
     "WAKE_BYTES",
     "Listener",
     "ReadInterrupted",
     "StreamReader",
     "TlsStream",
+    "WaitingRoom",
     "connect_stream",
     "drain",
     "poller",

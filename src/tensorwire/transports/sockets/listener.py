@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from tensorwire.errors import TransportError, WireError
 from tensorwire.transports.sockets.tuning import shutdown
+from tensorwire.transports.sockets.waiting_room import WaitingRoom
 from tensorwire.transports.sockets.waker import drain, wake, waker
 
 MAX_HANDSHAKES = 64  # connections in their handshake at once (a thread each)
@@ -77,8 +78,9 @@ class Listener(Generic[Admitted]):
         self._lock = threading.Lock()  # guards the two below
         self._threads: set[threading.Thread] = set()  # one per connection, until it ends
         self._handshaking = 0
-        # the accepting thread's own: silent connections (oldest first), those that spoke
-        self._silent: dict[socket.socket, tuple[Any, float]] = {}
+        # the accepting thread's own: silent connections and their addresses, those that spoke
+        self._silent: WaitingRoom[socket.socket] = WaitingRoom(MAX_SILENT, MAX_SILENT_PER_SOURCE)
+        self._addresses: dict[socket.socket, Any] = {}
         self._spoke: deque[tuple[socket.socket, Any]] = deque()
         self._closed = False
         self._wake_r, self._wake_w = waker()  # a handshake ended, or close()
@@ -100,8 +102,8 @@ class Listener(Generic[Admitted]):
         try:
             while not self._closed:
                 timeout = None
-                if self._silent:
-                    _, since = next(iter(self._silent.values()))
+                since = self._silent.oldest_since()
+                if since is not None:
                     timeout = max(0.0, since + self._silent_timeout - time.monotonic())
                 for key, _ in sel.select(timeout):
                     if key.fileobj is self.sock:
@@ -112,17 +114,19 @@ class Listener(Generic[Admitted]):
                     else:  # a silent connection spoke (or closed: its handshake sees that)
                         conn = key.fileobj
                         assert isinstance(conn, socket.socket)
+                        if conn not in self._silent:
+                            continue  # pushed out by a newer one in this same wake-up
                         sel.unregister(conn)
-                        address, _ = self._silent.pop(conn)
-                        self._spoke.append((conn, address))
+                        self._silent.remove(conn)
+                        self._spoke.append((conn, self._addresses.pop(conn)))
                 self._expire(sel)
                 self._start_handshakes()
         finally:
-            for conn in list(self._silent):
+            for conn in self._addresses:  # the silent ones
                 conn.close()
             for conn, _ in self._spoke:
                 conn.close()
-            self._silent.clear()
+            self._addresses.clear()
             self._spoke.clear()
             sel.close()
 
@@ -136,24 +140,17 @@ class Listener(Generic[Admitted]):
             except OSError:
                 return False
             conn.setblocking(True)
-            if len(self._silent) >= MAX_SILENT_PER_SOURCE:
-                source = _source(address)
-                same = [c for c, (a, _) in self._silent.items() if _source(a) == source]
-                if len(same) >= MAX_SILENT_PER_SOURCE:
-                    why = f"{MAX_SILENT_PER_SOURCE} newer ones from its address came"
-                    self._drop(sel, same[0], f"said nothing while {why}")
-                elif len(self._silent) >= MAX_SILENT:
-                    why = f"{MAX_SILENT} newer ones came"
-                    self._drop(sel, next(iter(self._silent)), f"said nothing while {why}")
-            self._silent[conn] = (address, time.monotonic())
+            for old, why in self._silent.add(conn, _source(address), time.monotonic()):
+                self._drop(sel, old, f"said nothing while {why}")
+            self._addresses[conn] = address
             sel.register(conn, selectors.EVENT_READ)
         return True
 
     def _drop(self, sel: selectors.BaseSelector, conn: socket.socket, reason: str) -> None:
         """Close a silent connection, telling ``refused`` why."""
         sel.unregister(conn)
-        address, _ = self._silent.pop(conn)
-        self._refuse(conn, address, reason)
+        self._silent.remove(conn)
+        self._refuse(conn, self._addresses.pop(conn), reason)
 
     def _refuse(self, conn: socket.socket, address: Any, reason: str) -> None:
         try:
@@ -164,13 +161,7 @@ class Listener(Generic[Admitted]):
         conn.close()
 
     def _expire(self, sel: selectors.BaseSelector) -> None:
-        cutoff = time.monotonic() - self._silent_timeout
-        expired = []
-        for conn, (_, since) in self._silent.items():  # oldest first
-            if since > cutoff:
-                break
-            expired.append(conn)
-        for conn in expired:
+        for conn in self._silent.older_than(time.monotonic() - self._silent_timeout):
             self._drop(sel, conn, f"said nothing for {self._silent_timeout:g} s")
 
     def _start_handshakes(self) -> None:
