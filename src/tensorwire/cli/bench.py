@@ -1,5 +1,5 @@
 """``tensorwire bench``: the microbenchmarks that compare with a baseline in the same run
-(transfer, latency, codec, stream, collective), and ``bench fl``."""
+(transfer, latency, codec, stream, collective, scale), and ``bench fl``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from tensorwire.cli.bench_collective import bench_collective_cmd
+from tensorwire.cli.bench_scale import bench_scale_cmd
 from tensorwire.cli.bench_fl import bench_fl_cmd
 from tensorwire.cli.console import console
 from tensorwire.cli.logs import benchmark_hubs
@@ -343,4 +344,5 @@ def bench_stream_cmd(
 
 
 bench_app.command("collective")(bench_collective_cmd)
+bench_app.command("scale")(bench_scale_cmd)
 bench_app.command("fl")(bench_fl_cmd)  # after the microbenchmarks, as --help lists them

@@ -1,0 +1,205 @@
+"""``tensorwire bench scale``: one hub, many clients, on loopback, per transport.
+
+For each transport and each client count N: a hub in this process; N clients held by
+``procs`` client processes, a thread each (``tensorwire.bench.scale_clients``). Timed here:
+
+- ``join_s``: from starting the client processes until the hub counts N members;
+- ``broadcast_s``: ``hub.broadcast`` of ``broadcast_bytes`` of float32 to all N;
+- ``gather_s``: until the hub has received a ``reply_bytes`` reply from each;
+- ``hub_cpu_s``: this process's CPU time (every thread) over join + broadcast + gather;
+- per client, with N clients joined, against the hub before any joined: ``rss_kb``,
+  ``threads`` and ``fds`` (from ``/proc/self``).
+
+``per_client_ms`` is (broadcast + gather) / N: flat as N grows when nothing grows faster
+than N. Broker transports (mqtt, amqp) get a private broker for the run, never the
+machine's own. Every case has a deadline (``timeout``) and ends its client processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+import tensorwire
+from tensorwire.bench.progress import progress_bar
+from tensorwire.errors import TransportError
+from tensorwire.transports.local import local_hub_url
+from tensorwire.transports.registry import get_transport
+
+CLIENTS = (10, 100, 1000)
+"""Client counts by default (``--clients`` goes to 5,000)."""
+MAX_CLIENTS = 5000
+BROADCAST_BYTES = 1 << 20
+REPLY_BYTES = 100 << 10
+PROCS = 4
+TIMEOUT = 300.0
+"""Seconds one case (a transport at one N) may take in all."""
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def usage() -> dict[str, int]:
+    """This process's resident memory (KiB), threads and open file descriptors."""
+    status = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            status[key] = value.split()[0] if value.split() else "0"
+    return {
+        "rss_kb": int(status.get("VmRSS", 0)),
+        "threads": int(status.get("Threads", 0)),
+        "fds": len(os.listdir("/proc/self/fd")),
+    }
+
+
+@contextlib.contextmanager
+def _private_hub_url(transport: str) -> Iterator[str]:
+    """A hub URL on loopback; a broker transport's on a private broker of its own."""
+    entry = get_transport(transport)
+    broker = entry.broker_kind()
+    if broker is None:
+        with local_hub_url(transport) as url:
+            yield url
+        return
+    with broker.load("server")() as server:
+        yield server.url(f"tw-scale-{os.getpid()}")
+
+
+def _spawn(url: str, n: int, procs: int, reply_bytes: int, timeout: float) -> list[Any]:
+    share, extra = divmod(n, procs)
+    spawned, first = [], 0
+    for p in range(procs):
+        count = share + (1 if p < extra else 0)
+        if count == 0:
+            continue
+        argv = [sys.executable, "-m", "tensorwire.bench.scale_clients", url]
+        argv += [str(first), str(count), str(reply_bytes), str(timeout)]
+        spawned.append(
+            subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        )
+        first += count
+    return spawned
+
+
+def wait_line(stream: Any, deadline: float) -> str:
+    """The next line of ``stream`` (a pipe), stripped; TransportError past ``deadline``."""
+    ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+    if not ready:
+        raise TransportError("a client process said nothing by the case's deadline")
+    return str(stream.readline()).strip()
+
+
+def _start(procs: Sequence[Any], deadline: float) -> None:
+    """Wait for every client process to be ready (imported), then start them all."""
+    for proc in procs:
+        ready = wait_line(proc.stdout, deadline)
+        if ready != "ready":
+            raise TransportError(f"client process {proc.pid} did not start: {ready!r}")
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+
+
+def _tallies(procs: Sequence[Any], deadline: float) -> dict[str, Any]:
+    total: dict[str, Any] = {"connected": 0, "replied": 0, "finished": 0, "failed": 0}
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            tally = json.loads(out.strip().splitlines()[-1])
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            proc.kill()
+            proc.wait()
+            total["failed"] += 1
+            total.setdefault("error", f"client process {proc.pid} gave no tally")
+            continue
+        for key in ("connected", "replied", "finished", "failed"):
+            total[key] += int(tally.get(key, 0))
+        if "error" in tally:
+            total.setdefault("error", tally["error"])
+    return total
+
+
+def scale_case(
+    transport: str,
+    n: int,
+    *,
+    procs: int = PROCS,
+    broadcast_bytes: int = BROADCAST_BYTES,
+    reply_bytes: int = REPLY_BYTES,
+    timeout: float = TIMEOUT,
+) -> dict[str, Any]:
+    """One transport at ``n`` clients (see the module doc): a row of the table."""
+    deadline = time.monotonic() + timeout
+    row: dict[str, Any] = {"transport": transport, "clients": n}
+    with _private_hub_url(transport) as url, tensorwire.serve(url, codec=None) as hub:
+        before = usage()
+        procs_ = _spawn(hub.url, n, min(procs, n), reply_bytes, timeout)
+        try:
+            _start(procs_, deadline)
+            cpu0 = time.process_time()
+            t0 = time.monotonic()
+            hub.wait_for(n, timeout=deadline - time.monotonic())
+            t1 = time.monotonic()
+            held = usage()
+            weights = np.ones(broadcast_bytes // 4, np.float32)
+            hub.broadcast({"w": weights}, timeout=deadline - time.monotonic())
+            t2 = time.monotonic()
+            for _ in range(n):
+                hub.recv(timeout=deadline - time.monotonic())
+            t3 = time.monotonic()
+            cpu = time.process_time() - cpu0
+            hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
+        except TransportError as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            tally = _tallies(procs_, deadline)
+    if "error" in row:
+        row["error"] += f" (clients: {tally})"
+        return row
+    row.update(
+        join_s=t1 - t0,
+        join_ms_per_client=1000 * (t1 - t0) / n,
+        broadcast_s=t2 - t1,
+        gather_s=t3 - t2,
+        per_client_ms=1000 * (t3 - t1) / n,
+        hub_cpu_s=cpu,
+        rss_kb_per_client=(held["rss_kb"] - before["rss_kb"]) / n,
+        threads_per_client=(held["threads"] - before["threads"]) / n,
+        fds_per_client=(held["fds"] - before["fds"]) / n,
+        clients_failed=tally["failed"],
+    )
+    return row
+
+
+def bench_scale(
+    transports: Sequence[str],
+    clients: Sequence[int] = CLIENTS,
+    **case: Any,
+) -> list[dict[str, Any]]:
+    """Every transport at every client count, smallest first: the table's rows."""
+    raise_fd_limit()
+    rows = []
+    with progress_bar() as bar:
+        task = bar.add_task("bench scale", total=len(transports) * len(clients))
+        for transport in transports:
+            for n in sorted(clients):
+                bar.update(task, description=f"{transport}, {n} clients")
+                rows.append(scale_case(transport, n, **case))
+                bar.advance(task)
+    return rows

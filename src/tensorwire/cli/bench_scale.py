@@ -1,0 +1,92 @@
+"""``tensorwire bench scale``: one hub and many clients per transport, on loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tensorwire.cli.console import console
+from tensorwire.cli.logs import benchmark_hubs
+from tensorwire.cli.options import results_dir, split_list, transport_names
+
+COLUMNS = [
+    "transport",
+    "clients",
+    "join_s",
+    "join_ms_per_client",
+    "broadcast_s",
+    "gather_s",
+    "per_client_ms",
+    "hub_cpu_s",
+    "rss_kb_per_client",
+    "threads_per_client",
+    "fds_per_client",
+    "clients_failed",
+]
+
+LEGEND = (
+    "join_s, broadcast_s, gather_s: wall time of the whole step for all clients; "
+    "join_ms_per_client: join_s / clients; per_client_ms: (broadcast + gather) / clients; "
+    "hub_cpu_s: the hub process's CPU over the three steps; rss_kb, threads, fds per client: "
+    "the hub process's growth with every client joined / clients."
+)
+
+
+def bench_scale_cmd(
+    transports: Annotated[
+        str, typer.Option(help="Comma-separated transports (tcp, zmq, udp, quic, ...).")
+    ] = "tcp,zmq,udp,quic,flight,mqtt",
+    clients: Annotated[
+        str, typer.Option(help="Comma-separated client counts, 1 to 5000.")
+    ] = "10,100,1000",
+    procs: Annotated[
+        int, typer.Option(min=1, max=64, help="Client processes holding the clients.")
+    ] = 4,
+    broadcast_kib: Annotated[int, typer.Option(min=1, help="Broadcast size, KiB.")] = 1024,
+    reply_kib: Annotated[int, typer.Option(min=1, help="Each client's reply, KiB.")] = 100,
+    timeout: Annotated[
+        float, typer.Option(min=10, help="Seconds one case (a transport at a count) may take.")
+    ] = 300.0,
+    out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
+) -> None:
+    """One hub, many clients: join, broadcast and gather time and the hub's memory, threads
+    and descriptors per client, for each transport and client count (loopback)."""
+    from tensorwire.bench.scale import MAX_CLIENTS, bench_scale
+    from tensorwire.bench.scale_figure import scale_figure
+    from tensorwire.bench.tables import print_table, write_rows
+
+    names = split_list(transports)
+    known = transport_names()
+    unknown = [t for t in names if t not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown transport(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    try:
+        counts = [int(c) for c in split_list(clients)]
+    except ValueError:
+        raise typer.BadParameter(f"{clients!r} is not a list of counts like 10,100,1000") from None
+    if not counts or not all(1 <= c <= MAX_CLIENTS for c in counts):
+        raise typer.BadParameter(f"client counts must be 1 to {MAX_CLIENTS}, not {clients!r}")
+    with benchmark_hubs():
+        rows = bench_scale(
+            names,
+            counts,
+            procs=procs,
+            broadcast_bytes=broadcast_kib << 10,
+            reply_bytes=reply_kib << 10,
+            timeout=timeout,
+        )
+    good = [r for r in rows if "error" not in r]
+    print_table(good, "One hub, many clients (loopback; one run per case)", COLUMNS, console)
+    console.print(f"[dim]{LEGEND}[/]")
+    for r in rows:
+        if "error" in r:
+            console.print(f"[red]{r['transport']} at {r['clients']} clients:[/] {r['error']}")
+    out_dir = results_dir(out, "bench-scale")
+    paths = write_rows(rows, out_dir, "scale")
+    if good:
+        paths += scale_figure(good, out_dir)
+    console.print(f"results: {', '.join(str(p) for p in paths)}")

@@ -1,0 +1,72 @@
+"""``bench scale``: a tiny run (tcp and mqtt on a private broker, 2 and 6 clients) prints its
+table and writes its rows and figure; a client process that dies or hangs is counted, not
+waited for past the deadline; bad choices are refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tensorwire.bench.scale import _tallies
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+ENV = os.environ | {"COLUMNS": "220", "PYTHONPATH": f"{SRC}{os.pathsep}"}
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", "bench", "scale", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env=ENV,
+    )
+
+
+def test_a_tiny_run_has_a_row_per_case_and_writes_its_files(tmp_path: Path):
+    out = tmp_path / "results"
+    done = _bench("--transports", "tcp,mqtt", "--clients", "2,6", "--procs", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "One hub, many clients" in done.stdout and "per_client_ms" in done.stdout
+    rows = pq.read_table(out / "scale.parquet").to_pylist()
+    assert [(r["transport"], r["clients"]) for r in rows] == [
+        ("tcp", 2),
+        ("tcp", 6),
+        ("mqtt", 2),
+        ("mqtt", 6),
+    ]
+    for r in rows:
+        assert r.get("error") is None, r
+        assert r["clients_failed"] == 0 and r["join_s"] > 0 and r["gather_s"] >= 0
+        if r["transport"] == "tcp":  # a socket per client (mqtt's hub: one broker link)
+            assert r["fds_per_client"] >= 1
+    assert (out / "scale.png").exists()
+
+
+def test_a_client_process_that_dies_or_hangs_is_counted_by_the_deadline():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE, text=True)
+    hung = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    t = time.monotonic()
+    tally = _tallies([dead, hung], time.monotonic() + 2)
+    assert time.monotonic() - t < 10  # the hung one is killed at the deadline
+    assert tally["failed"] == 2 and "gave no tally" in tally["error"]
+    assert hung.poll() is not None
+
+
+def test_bad_choices_are_refused_before_anything_starts():
+    done = _bench("--transports", "tcp,foo")
+    assert done.returncode == 2 and "unknown transport(s) foo" in done.stderr
+    assert "known: " in done.stderr and "tcp" in done.stderr
+    done = _bench("--clients", "10,9000")
+    assert done.returncode == 2 and "1 to 5000" in done.stderr
