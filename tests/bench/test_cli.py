@@ -104,6 +104,16 @@ def test_bench_fl_checks_its_choices_before_anything_starts(tmp_path, args, says
     assert not out.exists()
 
 
+def test_fl_run_checks_its_protocol_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    done = tensorwire("fl", "run", "--protocol", "tcpp", "--out", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.replace("│", " ").split())
+    assert "no transport 'tcpp'" in said and "choose among tcp, zmq" in said
+    assert "mem" not in said.split("choose among")[1]  # one process only: not for devices
+    assert not out.exists()
+
+
 def test_the_full_matrix_says_its_size_and_time_and_waits_for_yes(tmp_path):
     out = tmp_path / "run"
     done = tensorwire("bench", "fl", "--out", str(out))

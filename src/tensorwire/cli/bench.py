@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from tensorwire.cli.bench_collective import bench_collective_cmd
-from tensorwire.cli.bench_scale import bench_scale_cmd
 from tensorwire.cli.bench_fl import bench_fl_cmd
+from tensorwire.cli.bench_scale import bench_scale_cmd
 from tensorwire.cli.console import console
 from tensorwire.cli.logs import benchmark_hubs
 from tensorwire.cli.options import parse_shape, results_dir, split_list, transports_option

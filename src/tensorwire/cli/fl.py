@@ -17,6 +17,7 @@ import click
 import typer
 
 from tensorwire.cli.console import console
+from tensorwire.cli.options import protocol_option
 from tensorwire.fl.config import (
     BUILTIN_DATASETS,
     BUILTIN_MODELS,
@@ -222,7 +223,13 @@ def _device_ids(n: int) -> list[str]:
 
 @fl_app.command("run")
 def run_cmd(
-    protocol: Annotated[str, typer.Option(help="tcp, or any registered transport.")] = "tcp",
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="tcp, or any registered transport (checked before anything starts).",
+            callback=protocol_option,
+        ),
+    ] = "tcp",
     dataset: Dataset = D.dataset,
     data_root: DataRoot = None,
     model: Model = D.model,

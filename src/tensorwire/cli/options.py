@@ -10,7 +10,7 @@ import typer
 
 from tensorwire.cli.console import err_console
 from tensorwire.errors import UnknownScheme
-from tensorwire.transports.registry import get_transport
+from tensorwire.transports.registry import find_transport, get_transport
 from tensorwire.transports.registry import listed_transports as registered_transports
 
 
@@ -38,6 +38,19 @@ def transports_option(text: str) -> list[str]:
         return [get_transport(t).name for t in split_list(text)]
     except UnknownScheme as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def protocol_option(text: str) -> str:
+    """``--protocol`` of ``fl run``: a transport whose devices can be other processes, by
+    name or scheme; a usage error listing them for anything else (before anything starts)."""
+    entry = find_transport(text)
+    listed = registered_transports()
+    if entry is None or entry.name not in {e.name for e in listed}:
+        names = ", ".join(e.name for e in listed)
+        raise typer.BadParameter(
+            f"no transport {text!r} for devices in processes; choose among {names}"
+        )
+    return text
 
 
 def protocols_help() -> str:
