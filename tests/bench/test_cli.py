@@ -93,7 +93,7 @@ def test_a_device_that_cannot_reach_its_server_says_so_while_it_retries():
         (["--models", "vgg99"], "no model 'vgg99'; choose among vgg5, vgg8"),
         (["--dataset", "mnist"], "no dataset 'mnist'"),
         (["--protocols", "tcp,carrier-pigeon"], "protocol 'carrier-pigeon': choose among"),
-        (["--profiles", "3g,5g"], "5g"),
+        (["--profiles", "3g,5g"], "no profile '5g': name one of 3g, 4g, wifi, lan, none"),
     ],
 )
 def test_bench_fl_checks_its_choices_before_anything_starts(tmp_path, args, says):

@@ -69,7 +69,15 @@ class LinkProfile:
             if first.lower() in PROFILES:
                 base = dataclasses.replace(PROFILES[first.lower()], name=text.strip())
             else:
-                base = dataclasses.replace(base, rate=_parse_rate(first))
+                try:
+                    rate = _parse_rate(first)
+                except ProfileError:
+                    named = ", ".join(PROFILES)
+                    raise ProfileError(
+                        f"no profile {first!r}: name one of {named}, or give a rate "
+                        "such as 20mbit, 500kbit or 1gbit (then key=value settings)"
+                    ) from None
+                base = dataclasses.replace(base, rate=rate)
         fields: dict[str, Any] = {}
         for token in tokens:
             key, sep, value = token.partition("=")
