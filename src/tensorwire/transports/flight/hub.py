@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from tensorwire.codecs import get_codec
@@ -38,6 +39,7 @@ from tensorwire.transports.flight.peer import Job, Peer
 from tensorwire.transports.flight.server import FlightServer, caller
 from tensorwire.transports.flight.tls import certificate_name, server_tls
 from tensorwire.transports.session import HELLO_LIMITS, HubSession
+from tensorwire.transports.sockets import cannot_serve, tcp_bind_problem
 from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Message, MessageStream
 
@@ -67,7 +69,10 @@ class FlightHub(Hub):
         self._refused_ids: collections.deque[str] = collections.deque(maxlen=MAX_HANDSHAKES)
         self._sessions = threading.Condition()  # guards the above and _closing
         self._closing = False
-        self._server = FlightServer(self, location(host, port, self.tls), **tls)
+        try:
+            self._server = FlightServer(self, location(host, port, self.tls), **tls)
+        except (OSError, pa.ArrowException) as exc:  # gRPC's says only "did not start"
+            raise cannot_serve(url, tcp_bind_problem(host, port) or exc) from None
         self.url = f"flight://{host}:{self._server.port}"
 
     # -- a session's two calls, each in a Flight server thread -----------------------------

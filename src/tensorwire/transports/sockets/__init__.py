@@ -1,5 +1,6 @@
 """The socket I/O kit the stream transports share (one idea per file).
 
+- ``binding``: the error for a hub that cannot listen, with what to do.
 - ``waker``: a socketpair that wakes a thread waiting in ``poll``.
 - ``waiting``: ``poll`` with a deadline.
 - ``tuning``: a connected stream socket's settings, and its quiet end.
@@ -12,6 +13,7 @@
 - ``reader``: messages from a stream socket, in place when large, woken by a waker.
 """
 
+from tensorwire.transports.sockets.binding import cannot_serve, tcp_bind_problem
 from tensorwire.transports.sockets.dialling import connect_stream
 from tensorwire.transports.sockets.listener import (
     MAX_HANDSHAKES,
@@ -38,6 +40,7 @@ __all__ = [
     "StreamReader",
     "TlsStream",
     "WaitingRoom",
+    "cannot_serve",
     "connect_stream",
     "drain",
     "poller",
@@ -45,6 +48,7 @@ __all__ = [
     "send_encoded",
     "sendmsg_all",
     "shutdown",
+    "tcp_bind_problem",
     "tls_error",
     "tune",
     "wait_ready",

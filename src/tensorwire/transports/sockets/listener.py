@@ -85,6 +85,9 @@ class Listener(Generic[Admitted]):
         self._closed = False
         self._wake_r, self._wake_w = waker()  # a handshake ended, or close()
         sock.setblocking(False)
+        self._sel = selectors.DefaultSelector()  # the accepting thread's own from here on
+        self._sel.register(sock, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._accepting = threading.Thread(
             target=self._accept_loop, name=f"{name}-accept", daemon=True
         )
@@ -96,9 +99,7 @@ class Listener(Generic[Admitted]):
         return len(self._silent)
 
     def _accept_loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self.sock, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
+        sel = self._sel
         try:
             while not self._closed:
                 timeout = None
@@ -108,7 +109,7 @@ class Listener(Generic[Admitted]):
                 for key, _ in sel.select(timeout):
                     if key.fileobj is self.sock:
                         if not self._accept(sel):
-                            return  # listening socket shut down by close()
+                            return  # the listening socket failed
                     elif key.fileobj is self._wake_r:
                         drain(self._wake_r)
                     else:  # a silent connection spoke (or closed: its handshake sees that)
@@ -206,10 +207,10 @@ class Listener(Generic[Admitted]):
         """Stop accepting and close the connections not in a handshake yet (the others'
         threads run on: see :meth:`join`)."""
         self._closed = True
-        shutdown(self.sock)
-        self.sock.close()
         wake(self._wake_w)
         self._accepting.join(timeout=5)
+        shutdown(self.sock)
+        self.sock.close()
         self._wake_r.close()
         self._wake_w.close()
 

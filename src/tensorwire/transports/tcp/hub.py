@@ -34,6 +34,7 @@ from tensorwire.transports.sockets import (
     Listener,
     ReadInterrupted,
     StreamReader,
+    cannot_serve,
     drain,
     send_before_close,
     send_encoded,
@@ -69,7 +70,10 @@ class TcpHub(Hub):
         query_options(url, ())
         host, port = host_port(url, default_port=0)
         self._ssl = None if self.tls is None else self.tls.server_context()
-        lsock = socket.create_server((host, port), backlog=options.backlog)
+        try:
+            lsock = socket.create_server((host, port), backlog=options.backlog)
+        except OSError as exc:
+            raise cannot_serve(url, exc) from None
         self.url = f"tcp://{host}:{lsock.getsockname()[1]}"
         self._peers: dict[str, Peer] = {}
         self._lock = threading.Lock()  # guards _peers

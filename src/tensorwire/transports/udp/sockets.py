@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tensorwire.errors import PeerGone, TransportError, WireError
-from tensorwire.transports.sockets import wait_ready
+from tensorwire.transports.sockets import cannot_serve, wait_ready
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.secure import TlsPipe
 from tensorwire.wire import NEED_DATA, EncodedMessage, Limits, Message, MessageStream
@@ -77,7 +77,8 @@ def bind_pair(host: str, port: int, buffer: int) -> tuple[socket.socket, socket.
         set_buffers(udp, buffer)
         udp.setblocking(False)
         return udp, tcp
-    raise TransportError(f"cannot bind UDP and TCP port {port} on {host!r}: {last}")
+    assert last is not None
+    raise cannot_serve(f"udp://{host}:{port} (UDP and TCP port {port})", last)
 
 
 def connected_udp(host: str, port: int, buffer: int) -> socket.socket:

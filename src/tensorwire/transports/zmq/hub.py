@@ -23,7 +23,7 @@ from tensorwire.errors import (
 )
 from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, remaining
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, Hello, HubSession, State, bye
-from tensorwire.transports.sockets import drain, poller, wake, waker
+from tensorwire.transports.sockets import cannot_serve, drain, poller, wake, waker
 from tensorwire.transports.url import host_port
 from tensorwire.transports.zmq.curve import hub_keys, one_curve_option
 from tensorwire.transports.zmq.options import ZmqHubOptions
@@ -91,7 +91,7 @@ class ZmqHub(RouterOutbound, Hub):
             self._router.bind(endpoint(host, port or "*"))
         except zmq.ZMQError as exc:
             self._ctx.destroy(linger=0)
-            raise TransportError(f"cannot listen on {url}: {exc}") from None
+            raise cannot_serve(url, exc) from None
         self.url = "zmq+" + cast(bytes, self._router.last_endpoint).decode()
         self._lock = threading.Lock()  # whoever holds it may use the ROUTER (and _route)
         self._stopping = False
