@@ -114,6 +114,21 @@ def test_fl_run_checks_its_protocol_before_anything_starts(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("role", ["server", "client"])
+def test_a_certs_directory_that_is_not_there_is_one_line_with_the_command(tmp_path, role):
+    missing = tmp_path / "nowhere"
+    args = ["--url", "tcp://127.0.0.1:0", "--certs", str(missing)]
+    if role == "client":
+        args += ["--id", "device-1", "--timeout", "2"]
+    done = tensorwire("fl", role, *args)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    command = f"tensorwire certs --out {missing}" + (
+        " --clients device-1" if role == "client" else ""
+    )
+    assert f"{missing} does not exist: make the files with `{command}`" in errors[0]
+
+
 def test_the_full_matrix_says_its_size_and_time_and_waits_for_yes(tmp_path):
     out = tmp_path / "run"
     done = tensorwire("bench", "fl", "--out", str(out))

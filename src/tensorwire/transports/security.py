@@ -446,10 +446,9 @@ def credentials_from_dir(
         raise ValueError("a client's credentials need its client_id")
     missing = [n for n in names.values() if not (d / n).is_file()]
     if missing:
-        raise AuthenticationError(
-            f"{d} lacks {', '.join(missing)}: make them with `tensorwire certs --out {d}`"
-            + (f" --clients {client_id}" if client_id else "")
-        )
+        command = f"tensorwire certs --out {d}" + (f" --clients {client_id}" if client_id else "")
+        what = "does not exist" if not d.is_dir() else f"lacks {', '.join(missing)}"
+        raise AuthenticationError(f"{d} {what}: make the files with `{command}`")
     tls = TLS(cert=d / names["cert"], key=d / names["key"], ca=d / names["ca"])
     if role == "hub":
         return {"tls": tls, "auth": Keys.load(d / names["keys"])}
