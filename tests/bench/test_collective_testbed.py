@@ -4,19 +4,16 @@ and the exact allreduces take at least about what the bound says (the links are 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from test_collective_bench import run_bench
 
 from tensorwire.bench.collective import gloo_missing, ring_bytes
 from tensorwire.collective.mpirun import mpi_missing
 from tensorwire.testbed import probe_capabilities
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 MiB = 1 << 20
 
 
@@ -38,16 +35,7 @@ def test_a_tiny_testbed_run_has_the_bound_beside_each_row(tmp_path: Path):
         *("--profiles", "100mbit", "--sizes", "1MiB", "--ranks", "2", "--repeat", "1"),
         *("--algorithms", "ring", "--compress", "int8", "--out", str(out)),
     ]
-    env = os.environ | {"COLUMNS": "250", "PYTHONPATH": f"{SRC}{os.pathsep}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tensorwire", "bench", "collective", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_bench(args, timeout=240)
     assert "each behind its own shaped link (testbed), median of 1" in done.stdout
     assert "ring_bound_ms: that at the link's rate" in done.stdout
     expected = ["tensorwire-ring", "tensorwire-ring-int8"]
