@@ -26,19 +26,25 @@ from tensorwire.collective.mpirun import mpi_missing
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def test_a_tiny_run_has_a_row_per_size_and_contender_and_writes_its_files(tmp_path: Path):
-    out = tmp_path / "results"
-    args = ["--sizes", "4KiB,64KiB", "--ranks", "2", "--repeat", "1", "--out", str(out)]
-    env = os.environ | {"COLUMNS": "200", "PYTHONPATH": f"{SRC}{os.pathsep}"}
+def run_bench(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``tensorwire bench collective ARGS`` run as a command, with this tree's source;
+    asserts it succeeded."""
+    env = os.environ | {"COLUMNS": "250", "PYTHONPATH": f"{SRC}{os.pathsep}"}
     done = subprocess.run(
         [sys.executable, "-m", "tensorwire", "bench", "collective", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
         env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_a_tiny_run_has_a_row_per_size_and_contender_and_writes_its_files(tmp_path: Path):
+    out = tmp_path / "results"
+    done = run_bench(["--sizes", "4KiB,64KiB", "--ranks", "2", "--repeat", "1", "--out", str(out)])
     expected = ["tensorwire-ring", "tensorwire-doubling"]
     for name, missing in (("gloo", gloo_missing()), ("mpi-tcp", mpi_missing())):
         if missing:

@@ -3,13 +3,14 @@ directions, loss, and the counters that see them."""
 
 from __future__ import annotations
 
+import subprocess
 import warnings
 
 import netload
 import pytest
 from testbed_support import require
 
-from tensorwire.testbed import Capabilities, ShapingWarning, Testbed
+from tensorwire.testbed import Capabilities, ShapingWarning, Testbed, TestbedError
 
 RATE_TOLERANCE = 0.15  # goodput within 15 % of the link rate (headers take ~4.5 % of it)
 
@@ -99,3 +100,17 @@ def test_delay_without_netem_is_reported(caps: Capabilities, testbed: Testbed) -
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         testbed.set_profile("none")
+
+
+def test_a_device_interface_is_the_one_its_node_has(testbed: Testbed) -> None:
+    for node in testbed.device_nodes:
+        names = subprocess.run(
+            testbed.command(node, ["cat", "/proc/net/dev"]),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        assert f"{testbed.interface(node)}:" in names
+    with pytest.raises(TestbedError, match="not a device"):
+        testbed.interface("srv")

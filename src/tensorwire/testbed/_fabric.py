@@ -56,6 +56,11 @@ def device_node(i: int) -> str:
     return f"dev{i}"
 
 
+def device_interface(prefix: str, i: int) -> str:
+    """The device-side veth of device ``i`` of the testbed with ``prefix``: ``PREFIXdI``."""
+    return f"{prefix}d{i}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Link:
     """One shaped link: ``near`` is its end towards the server (node, ifname: downlink egress,
@@ -122,7 +127,7 @@ class Fabric:
 
     def device_end(self, i: int) -> str:
         """The device-side veth of device ``i``."""
-        return f"{self.prefix}d{i}"
+        return device_interface(self.prefix, i)
 
     @property
     def uplink_server_end(self) -> str:

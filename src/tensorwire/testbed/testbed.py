@@ -211,6 +211,16 @@ class Testbed(BaseTestbed):
     def _namespace_name(self, node: str) -> str | None:
         return f"{self.prefix}{node}"
 
+    def interface(self, node: str) -> str:
+        """The interface a device node's traffic leaves by (its end of its link), e.g. for
+        a program that must be told which interface to use (gloo's ``GLOO_SOCKET_IFNAME``)."""
+        from tensorwire.testbed._fabric import device_interface
+
+        found = self.node(node)
+        if found not in self.device_nodes:
+            raise TestbedError(f"{node!r} is not a device; devices are {self.device_nodes}")
+        return device_interface(self.prefix, int(found.removeprefix("dev")))
+
     @property
     def server_namespace(self) -> str:
         return self.namespace("srv")
