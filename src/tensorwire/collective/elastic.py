@@ -81,6 +81,8 @@ class ElasticGroup(Group):
         """The rank this process joined as (the view's ranks are these)."""
         self.members: tuple[int, ...] = ()
         """The ranks in the group now, in order; ``rank`` is this one's position in it."""
+        self.last_members: tuple[int, ...] = ()
+        """The ranks the last operation completed over (a mean is over as many)."""
         self._coordination = coordination
         self._rendezvous = rendezvous
         self._op = welcome.op
@@ -164,6 +166,7 @@ class ElasticGroup(Group):
         while True:
             error: CollectiveError | None = None
             result: Any = None
+            over = self.members
             try:
                 if self._fence is not None:
                     self._fence_links(*self._fence, timeout)
@@ -171,6 +174,7 @@ class ElasticGroup(Group):
                     as_array(keep, "x")[...] = saved
                 if redo and memory is not None:
                     self._feedback.restore(memory)
+                over = self.members
                 result = attempt()
             except CollectiveError as exc:
                 error = exc
@@ -183,6 +187,7 @@ class ElasticGroup(Group):
             self._apply(verdict, timeout)
             if verdict.kind == "commit":
                 self._op += 1
+                self.last_members = over
                 return result
             redo = True
 
