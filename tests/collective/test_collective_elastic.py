@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from elastic_rank import FAULT_TIMEOUT
 from ranks import Ranks
 
+from tensorwire.collective import Group
 from tensorwire.collective.coordination import VERDICT_SLACK_S
 from tensorwire.transports import connect
 
@@ -133,3 +136,20 @@ def test_forged_and_garbage_messages_to_the_coordinator_are_refused(tmp_path: Pa
                 line, _ = ranks.until(rank, "step")
                 assert line["ok"] and line["over"] == list(range(SIZE)), line
         _stop_all(ranks, stop, list(range(SIZE)))
+
+
+def test_rank_0_serves_the_coordinator_by_default_and_a_mean_is_over_the_view() -> None:
+    results: dict[int, tuple[list[float], tuple[int, ...], int, int]] = {}
+
+    def rank(r: int) -> None:
+        with Group.join("mem://elastic-default", rank=r, size=3, elastic=True, timeout=30) as g:
+            x = np.full(8, float(g.member + 1), np.float32)
+            g.allreduce(x, "mean")
+            results[r] = (x.tolist(), g.members, g.rank, g.size)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {r: ([2.0] * 8, (0, 1, 2), r, 3) for r in range(3)}
