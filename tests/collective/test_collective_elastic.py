@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from elastic_rank import FAULT_TIMEOUT
 from ranks import Ranks
 
@@ -99,7 +100,10 @@ def test_a_rank_stopped_mid_allreduce_is_dropped_and_told_so_when_continued(
         _stop_all(ranks, stop, left)
 
 
-def test_a_coordinator_that_dies_is_a_typed_error_on_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP])
+def test_a_coordinator_that_dies_or_hangs_is_a_typed_error_on_every_rank(
+    tmp_path: Path, fault: signal.Signals
+) -> None:
     with Ranks("coordinator", 1, WORKER, url="-", extra=(str(SIZE),)) as coordinator:
         url = coordinator.until(0, "url")[0]["url"]
         ranks, _ = _group(tmp_path, url)
@@ -107,7 +111,7 @@ def test_a_coordinator_that_dies_is_a_typed_error_on_every_rank(tmp_path: Path) 
             for rank in range(SIZE):
                 ranks.until(rank, "step")
             t0 = time.monotonic()
-            coordinator.procs[0].kill()
+            os.kill(coordinator.procs[0].pid, fault)
             for rank in range(SIZE):
                 error, _ = ranks.until(rank, "error", timeout=60)
                 assert error["error"] == "CoordinatorLost", error

@@ -174,7 +174,6 @@ class ElasticGroup(Group):
                     as_array(keep, "x")[...] = saved
                 if redo and memory is not None:
                     self._feedback.restore(memory)
-                over = self.members
                 result = attempt()
             except CollectiveError as exc:
                 error = exc
@@ -266,10 +265,11 @@ def join(
         url = rendezvous.url
     try:
         sock = listen(host or address_toward(url))
+        address = sock.getsockname()[:2]
         try:
             coordination = Coordination(url, rank, size, opts.connect_timeout)
             try:
-                welcome = coordination.hello(sock.getsockname()[:2], opts.connect_timeout)
+                welcome = coordination.hello(address, opts.connect_timeout)
                 state = GroupState(rank, size, opts.silence)
                 mesh = Mesh(state, welcome.token, opts.heartbeat, Limits())
                 others = [r for r in welcome.view if r != rank]
@@ -292,5 +292,4 @@ def join(
         if rendezvous is not None:
             rendezvous.close()
         raise
-    address = sock.getsockname()[:2]
     return ElasticGroup(state, mesh, opts, address, coordination, welcome, rendezvous)
