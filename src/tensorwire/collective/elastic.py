@@ -88,6 +88,7 @@ class ElasticGroup(Group):
         self._op = welcome.op
         self._over: CollectiveError | None = None  # dropped, or the coordinator gone
         self._fence: tuple[int, list[int]] | None = None  # due before the next operation
+        self._spare = np.empty(0, np.uint8)  # where an operation's input is kept (see _save)
         mesh.dialers = frozenset()  # from now on only the coordinator's joiners are dialled
         self._set_view(welcome.view)
         with state.lock:
@@ -160,7 +161,7 @@ class ElasticGroup(Group):
         if self._over is not None:
             raise self._over
         timeout = self.options.timeout if timeout is None else timeout
-        saved = np.array(as_array(keep, "x"), copy=True) if keep is not None else None
+        saved = self._save(keep)
         memory = self._feedback.snapshot() if feedback else None
         redo = False
         while True:
@@ -189,6 +190,18 @@ class ElasticGroup(Group):
                 self.last_members = over
                 return result
             redo = True
+
+    def _save(self, keep: Any) -> np.ndarray | None:
+        """A copy of ``keep`` (None: nothing to keep), in a buffer kept across operations:
+        a fresh one each time would cost its page faults too."""
+        if keep is None:
+            return None
+        arr = as_array(keep, "x")
+        if self._spare.nbytes < arr.nbytes:
+            self._spare = np.empty(arr.nbytes, np.uint8)
+        saved = self._spare[: arr.nbytes].view(arr.dtype).reshape(arr.shape)
+        saved[...] = arr
+        return saved
 
     # -- verdicts -----------------------------------------------------------------------
 
