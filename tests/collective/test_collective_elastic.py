@@ -72,6 +72,7 @@ def test_a_rank_killed_mid_allreduce_is_dropped_and_rejoins_when_restarted(tmp_p
     ranks, stop = _group(tmp_path)
     with ranks:
         took = _fault_mid_allreduce(ranks, signal.SIGKILL)
+        print(f"killed: the others completed the step over 3 ranks in {took:.2f} s")
         assert took < FAULT_TIMEOUT + SLACK, took  # a death is seen at once
         ranks.restart(VICTIM)
         ranks.until(VICTIM, "ready")
@@ -86,6 +87,7 @@ def test_a_rank_stopped_mid_allreduce_is_dropped_and_told_so_when_continued(
     ranks, stop = _group(tmp_path)
     with ranks:
         took = _fault_mid_allreduce(ranks, signal.SIGSTOP)
+        print(f"stopped: the others completed the step over 3 ranks in {took:.2f} s")
         assert took < 2 * FAULT_TIMEOUT + SLACK, took  # its deadline, then the redo
         os.kill(ranks.procs[VICTIM].pid, signal.SIGCONT)
         error, before = ranks.until(VICTIM, "error", timeout=30)
