@@ -34,14 +34,25 @@ def _group(tmp_path: Path, url: str | None = None) -> tuple[Ranks, Path]:
     return ranks, stop
 
 
-def _step_over(ranks: Ranks, rank: int, over: list[int], timeout: float = 60) -> dict[str, Any]:
-    """Rank ``rank``'s first step completed over ``over``; every step up to it is right."""
+def _step_over(
+    ranks: Ranks, rank: int, over: list[int], after: float = 0.0, timeout: float = 60
+) -> dict[str, Any]:
+    """Rank ``rank``'s first step completed over ``over`` (past the monotonic time
+    ``after``); every step up to it is right."""
     deadline = time.monotonic() + timeout
     while True:
         line, _ = ranks.until(rank, "step", max(deadline - time.monotonic(), 0.01))
         assert line["ok"], line
-        if line["over"] == over:
+        if line["over"] == over and line["t"] > after:
             return line
+
+
+def _rejoined(ranks: Ranks) -> None:
+    """The restarted victim joins, and from then on every rank's steps include it."""
+    ranks.until(VICTIM, "ready")
+    joined = time.monotonic()
+    for rank in range(SIZE):
+        _step_over(ranks, rank, list(range(SIZE)), after=joined)
 
 
 def _stop_all(ranks: Ranks, stop: Path, alive: list[int]) -> None:
@@ -74,10 +85,11 @@ def test_a_rank_killed_mid_allreduce_is_dropped_and_rejoins_when_restarted(tmp_p
         took = _fault_mid_allreduce(ranks, signal.SIGKILL)
         print(f"killed: the others completed the step over 3 ranks in {took:.2f} s")
         assert took < FAULT_TIMEOUT + SLACK, took  # a death is seen at once
-        ranks.restart(VICTIM)
-        ranks.until(VICTIM, "ready")
-        for rank in range(SIZE):
-            _step_over(ranks, rank, list(range(SIZE)))  # the rejoined rank's values summed too
+        ranks.restart(VICTIM)  # once the others went on without it
+        _rejoined(ranks)
+        ranks.procs[VICTIM].kill()
+        ranks.restart(VICTIM)  # at once: it waits until the group has dropped its predecessor
+        _rejoined(ranks)
         _stop_all(ranks, stop, list(range(SIZE)))
 
 

@@ -76,7 +76,8 @@ class Coordination:
         for a rank that rejoins, at the next operation the group completes)."""
         host, port = address
         hello = {"rank": self.rank, "size": self.size, "host": host, "port": port}
-        meta = self._ask({**hello, "elastic": True}, timeout, "welcome this rank")
+        what = "welcome this rank (a rank rejoins once the group dropped its predecessor)"
+        meta = self._ask({**hello, "elastic": True}, timeout, what)
         addresses = [
             (str(h), int(p))
             for h, p in zip(_list(meta, "hosts"), _list(meta, "ports"), strict=True)

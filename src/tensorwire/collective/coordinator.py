@@ -8,7 +8,8 @@ the culprit; the coordinator answers every rank once each has reported or been n
 
 - **commit**: every report said done. Ranks that did not report by the deadline (the first
   report's time plus the operation's timeout) leave the view; ranks waiting to rejoin enter
-  it, from the next operation on, and the members link to them.
+  it (once their predecessors are out of it), from the next operation on, and the members
+  link to them.
 - **redo**: some rank failed. The culprits named and the ranks that did not report leave
   the view; the others do the operation again over the ranks left.
 - **abort**: the ranks called different operations (a program's bug, not a fault), or no
@@ -171,10 +172,8 @@ class Coordinator:
         if isinstance(hello, str):
             return self._refuse(client, hello)
         rank, member = hello
-        if rank in self.view:
-            why = f"rank {rank} is in the group now (it rejoins once its predecessor is dropped)"
-            return self._refuse(client, why)
-        if rank in self._pending:
+        waiting = self._pending.get(rank)
+        if waiting is not None and waiting.client in self._hub.clients:
             return self._refuse(client, f"rank {rank} is waiting to rejoin already")
         self._pending[rank] = member
         log.info("coordinator: rank %d waits to rejoin (at the next commit)", rank)
@@ -290,15 +289,16 @@ class Coordinator:
             self._send(self._members[r].client, {"verdict": "dropped", "reason": why[r]})
 
     def _admit(self) -> list[int]:
-        """The ranks waiting to rejoin that enter the view now (still connected, and their
-        predecessors out of it)."""
+        """The ranks waiting to rejoin that enter the view now: those still connected whose
+        predecessors are out of it (a process restarted at once waits for the group to
+        drop the one it replaces)."""
         connected = set(self._hub.clients)
         joiners = []
         for rank, member in sorted(self._pending.items()):
-            if member.client not in connected or rank in self.view:
-                continue  # gone; or the old one is still a member (it was refused then)
-            self._members[rank] = member
-            joiners.append(rank)
-        self._pending.clear()
+            if member.client not in connected:
+                del self._pending[rank]  # it gave up
+            elif rank not in self.view:
+                self._members[rank] = self._pending.pop(rank)
+                joiners.append(rank)
         self.view = sorted([*self.view, *joiners])
         return joiners
