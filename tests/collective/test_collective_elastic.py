@@ -141,14 +141,16 @@ def test_forged_and_garbage_messages_to_the_coordinator_are_refused(tmp_path: Pa
         coordinator = ranks.rendezvous.coordinator
         with connect(ranks.rendezvous.url, client_id="stranger", timeout=30) as ch:
             forged = {"report": coordinator.op, "rank": 1, "key": "0" * 32, "seq": 1}
+            hello = {"rank": 1, "size": SIZE, "host": "127.0.0.1", "port": 1, "elastic": True}
             for meta in (
                 {"garbage": "x" * 1000},
                 {**forged, "ok": False, "culprit": 3, "timeout": 1.0},  # "rank 1: 3 failed"
-                {"rank": 1, "size": SIZE, "host": "127.0.0.1", "port": 1, "elastic": True},
+                {**hello, "size": SIZE + 1},
+                {**hello, "elastic": False},  # a plain group's rank at an elastic hub
             ):
                 ch.send(meta=meta)
                 assert "error" in ch.recv(timeout=30).meta
-        assert len(coordinator.refusals) == 3, coordinator.refusals
+        assert len(coordinator.refusals) == 4, coordinator.refusals
         for rank in range(SIZE):  # and the group goes on over every rank
             for _ in range(3):
                 line, _ = ranks.until(rank, "step")
