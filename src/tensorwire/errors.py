@@ -161,6 +161,22 @@ class RankFailed(CollectiveError, TransportError):
         self.reason = reason
 
 
+class RankDropped(CollectiveError):
+    """This rank of an elastic group was dropped (it failed, hung, or did not report in
+    time), and the others went on without it; ``rank`` is its own. Form the group anew
+    (``Group.join`` again) to rejoin."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(f"rank {rank} was dropped from the group: {reason}")
+        self.rank = rank
+        self.reason = reason
+
+
+class CoordinatorLost(CollectiveError):
+    """An elastic group's coordinator (its rendezvous hub) closed, or did not answer a
+    rank's report by the deadline: without it no rank can tell which ranks are left."""
+
+
 class CollectiveMismatch(CollectiveError, ValueError):
     """The ranks called different operations, or the same one with a different shape, dtype,
     reduction or root; ``rank`` names the first rank seen to differ from this one."""

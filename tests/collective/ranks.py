@@ -20,25 +20,49 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 class Ranks:
-    """``size`` rank processes running ``scenario``; use as a context manager."""
+    """``size`` rank processes running ``scenario`` (of ``worker``, with ``extra`` arguments
+    after its four); use as a context manager. ``elastic``: the rendezvous coordinates an
+    elastic group; ``url``: meet at that hub instead of one served by the test."""
 
-    def __init__(self, scenario: str, size: int) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        size: int,
+        worker: Path = WORKER,
+        elastic: bool = False,
+        url: str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.size = size
-        self.rendezvous = Rendezvous("tcp://127.0.0.1:0", size, timeout=120)
-        env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        self.procs = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER), scenario, self.rendezvous.url, str(r), str(size)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-                text=True,
-            )
-            for r in range(size)
-        ]
+        self.rendezvous = None
+        if url is None:
+            self.rendezvous = Rendezvous("tcp://127.0.0.1:0", size, timeout=120, elastic=elastic)
+            url = self.rendezvous.url
+        self._args = [str(worker), scenario, url]
+        self._extra = list(extra)
+        self.procs = [self._spawn(r) for r in range(size)]
         self.lines: list[queue.Queue[dict[str, Any] | None]] = [queue.Queue() for _ in range(size)]
         for proc, lines in zip(self.procs, self.lines, strict=True):
             threading.Thread(target=self._read, args=(proc, lines), daemon=True).start()
+
+    def _spawn(self, rank: int) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        return subprocess.Popen(
+            [sys.executable, *self._args, str(rank), str(self.size), *self._extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+
+    def restart(self, rank: int) -> None:
+        """Start rank ``rank`` afresh (its old process must have ended)."""
+        self.procs[rank].wait(30)
+        self.procs[rank] = self._spawn(rank)
+        self.lines[rank] = queue.Queue()
+        threading.Thread(
+            target=self._read, args=(self.procs[rank], self.lines[rank]), daemon=True
+        ).start()
 
     @staticmethod
     def _read(proc: subprocess.Popen[str], lines: queue.Queue[dict[str, Any] | None]) -> None:
@@ -77,4 +101,5 @@ class Ranks:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        self.rendezvous.close()
+        if self.rendezvous is not None:
+            self.rendezvous.close()

@@ -18,11 +18,12 @@ What exists now:
 - Compression inside the allreduce (``compress=``, :class:`Compression`): fp16/bf16 and
   blockwise int8 along the ring with float32 partial sums at every hop, top-k / random-k
   with error feedback (every rank's part, summed on every rank).
+- Elastic mode (``elastic=True``, :mod:`.elastic`): a rank that dies or hangs is dropped and
+  the operation is done again over the ranks left; a restarted rank rejoins.
 
 Still to come (issue #26): credentials and encryption on the links (``tls=``,
 per-rank keys: today the token keeps strangers out but the traffic is in the clear);
-elastic mode (a group that shrinks past a failed rank); ``tensorwire bench collective`` on
-the testbed's shaped links.
+``tensorwire bench collective`` on the testbed's shaped links.
 
 torch.distributed's backend ``"tensorwire"`` registers when
 ``tensorwire.collective.torch_backend`` is imported (not from here: it imports torch); its

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorwire.codecs.lossy import ErrorFeedback
+from tensorwire.codecs.lossy.feedback import FeedbackSnapshot
 from tensorwire.collective import quantised_ring, sparse_sum
 from tensorwire.collective.compression import Compression, work_dtype
 from tensorwire.collective.operation import Operation
@@ -25,6 +26,14 @@ class FeedbackMemory:
             feedback = ErrorFeedback(compression.codec, min_size=0)
             self._by_compression[compression] = feedback
         return feedback
+
+    def snapshot(self) -> dict[Compression, FeedbackSnapshot]:
+        """A copy of every residual, for :meth:`restore` (an elastic group's redone call)."""
+        return {c: f.snapshot() for c, f in self._by_compression.items()}
+
+    def restore(self, snapshot: dict[Compression, FeedbackSnapshot]) -> None:
+        for compression, saved in snapshot.items():
+            self._by_compression[compression].restore(saved)
 
 
 def allreduce(

@@ -67,6 +67,7 @@ class RankConnection:
         self.peer_seq = 0  # the last operation the peer said it started
         self.gone: str | None = None  # why the peer will send no more (it said bye)
         self.said_bye = False  # the peer closed the group, done with what it had started
+        self.fenced = 0  # elastic mode: the last fence the peer sent (see messages.FENCE)
         self._stopping = False
         self._wake_r, self._wake_w = waker()
         self._threads = [
@@ -185,7 +186,19 @@ class RankConnection:
             elif msg.kind == messages.BYE:
                 self.gone = "left the group (closed it)"
                 self.said_bye = True
+            elif msg.kind == messages.FENCE:
+                self._fenced(int(meta.get("seq", 0)))
             state.changed.notify_all()
+
+    def _fenced(self, seq: int) -> None:
+        """Elastic mode: the peer sent all it will send of a failed attempt; what came of it
+        (pieces not taken, buffers expected) is forgotten (call holding the lock)."""
+        self.fenced = max(self.fenced, seq)
+        self.peer_seq = max(self.peer_seq, seq)
+        self.inbox.clear()
+        self.taken = self._arrived
+        self._expected.clear()
+        self._next_expected = self._arrived
 
     def _lost(self, reason: str) -> None:
         state = self._state

@@ -83,11 +83,16 @@ class Group:
         ``serve``: this rank serves the hub (default: rank 0 does; pass False when a
         :class:`~tensorwire.collective.Rendezvous` of its own serves it). ``host``: the
         address this rank listens on (default: the one it reaches the hub's host from).
-        ``options`` and the keywords are :class:`GroupOptions`' fields.
+        ``options`` and the keywords are :class:`GroupOptions`' fields; with
+        ``elastic=True`` the group is an :class:`~tensorwire.collective.elastic.ElasticGroup`.
         """
         if not 0 <= rank < size:
             raise ValueError(f"rank={rank} is not in 0..{size - 1} (size={size})")
         opts = replace(options or GroupOptions(), **settings)
+        if opts.elastic:
+            from tensorwire.collective import elastic
+
+            return elastic.join(url, rank, size, serve, host, opts)
         rendezvous = None
         if serve if serve is not None else rank == 0:
             rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout)
@@ -169,6 +174,8 @@ class Group:
 
         comm = mpi.world(comm)
         opts = replace(options or GroupOptions(), **settings)
+        if opts.elastic:
+            raise ValueError("elastic mode needs a coordinator: use Group.join, not from_mpi")
         host = host or mpi.listen_host(comm)
         return cls._connect(comm.Get_rank(), comm.Get_size(), host, opts, mpi.exchange(comm))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import socket
 import time
+from collections.abc import Collection
 from typing import Any
 
 from tensorwire.collective import messages
@@ -59,12 +60,24 @@ class Mesh:
         self._heartbeat = heartbeat
         self._limits = limits
         self._listener: Listener[Admitted] | None = None
+        self.dialers: frozenset[int] = frozenset()  # the ranks that may dial this one
 
-    def open(self, sock: socket.socket, addresses: list[tuple[str, int]], deadline: float) -> None:
+    def open(
+        self,
+        sock: socket.socket,
+        addresses: list[tuple[str, int]],
+        deadline: float,
+        peers: Collection[int] | None = None,
+        dialers: Collection[int] | None = None,
+    ) -> None:
         """Accept the higher ranks on ``sock`` (listening), dial the lower ones at their
         ``addresses``; return once every link is up, ``RankFailed`` naming a missing rank
-        at ``deadline``."""
+        at ``deadline``. ``peers`` (default every other rank) and ``dialers`` (default the
+        higher ones among them) are for an elastic group's rank that rejoins."""
         state = self._state
+        others = set(range(state.size)) - {state.rank} if peers is None else set(peers)
+        higher = [p for p in others if p > state.rank]
+        self.dialers = frozenset(higher if dialers is None else dialers)
         self._listener = Listener(
             sock,
             name=f"rank-{state.rank}-listener",
@@ -72,15 +85,19 @@ class Mesh:
             serve=self._serve,
             refused=state.refused,
         )
-        for peer in range(state.rank):
+        for peer in sorted(others - self.dialers):
             self._dial(peer, addresses[peer], deadline)
         with state.lock:
-            while len(state.connections) < state.size - 1:
+            while not others <= set(state.connections):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = min(set(range(state.size)) - set(state.connections) - {state.rank})
+                    missing = min(others - set(state.connections))
                     raise RankFailed(missing, f"did not connect to rank {state.rank} in time")
                 state.changed.wait(left)
+
+    def dial(self, peer: int, address: tuple[str, int], deadline: float) -> None:
+        """Link to rank ``peer`` at ``address`` now (an elastic group's rejoining rank)."""
+        self._dial(peer, address, deadline)
 
     def _dial(self, peer: int, address: tuple[str, int], deadline: float) -> None:
         state = self._state
@@ -118,7 +135,7 @@ class Mesh:
             raise AuthenticationError("its hello does not carry this group's token")
         peer = hello.meta.get("rank")
         with state.lock:
-            if not isinstance(peer, int) or not state.rank < peer < state.size:
+            if not isinstance(peer, int) or peer not in self.dialers:
                 raise SessionRefused(f"claims rank {peer!r}, which does not dial rank {state.rank}")
             if peer in state.connections:
                 raise SessionRefused(f"claims rank {peer}, which is connected already")

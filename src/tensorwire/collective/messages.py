@@ -13,6 +13,7 @@ DATA = "tw.coll.data"  # a piece of an operation: tensor "x"; meta seq, sig
 BEAT = "tw.coll.beat"  # an idle link's "still here": meta seq (last operation started)
 ABORT = "tw.coll.abort"  # the group failed: meta rank (the culprit), reason, mismatch
 BYE = "tw.coll.bye"  # the sender closes the group
+FENCE = "tw.coll.fence"  # elastic mode: all the sender sent before is stale; meta seq
 
 HANDSHAKE_LIMITS = Limits(max_header_bytes=4096, max_message_bytes=4096, max_tensors=0)
 """What a connection may send before it has proven it belongs to the group."""
@@ -36,6 +37,10 @@ def beat(seq: int) -> EncodedMessage:
 
 def abort(rank: int, reason: str, mismatch: bool) -> EncodedMessage:
     return encode_message(None, {"rank": rank, "reason": reason, "mismatch": mismatch}, kind=ABORT)
+
+
+def fence(seq: int) -> EncodedMessage:
+    return encode_message(None, {"seq": seq}, kind=FENCE)
 
 
 def bye() -> EncodedMessage:

@@ -29,6 +29,10 @@ class GroupOptions:
     - ``compress``: how ``allreduce`` compresses tensors when not told on the call:
       ``"fp16"``, ``"bf16"``, ``"int8"``, ``"topk"``, ``"randomk"``, a
       :class:`~tensorwire.collective.Compression`, or None (exact).
+    - ``elastic``: a rank that fails, hangs or leaves is dropped and the operation is done
+      again over the ranks left; a restarted rank rejoins (see :mod:`.elastic`). It needs a
+      coordinator that outlives ranks: ``Rendezvous(url, size, elastic=True)`` (or rank 0's
+      hub, kept up for the group's life), and costs one round trip to it per operation.
     """
 
     timeout: float = 60.0
@@ -38,6 +42,7 @@ class GroupOptions:
     piece_bytes: int = 4096 * KiB
     checksum: bool = True
     compress: CompressionMethod | Compression | None = None
+    elastic: bool = False
 
     def __post_init__(self) -> None:
         compression_of(self.compress)  # a wrong name fails as the group forms, not mid-run

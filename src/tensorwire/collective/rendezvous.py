@@ -27,15 +27,25 @@ class Rendezvous:
     """A hub at ``url`` that gathers ``size`` ranks' announcements and sends each the table
     of every rank's listener and a fresh token; it stops once it has (or at ``timeout``
     seconds, telling the ranks that came which did not). ``url`` is the hub's own, with the
-    port the kernel picked when the given one was 0."""
+    port the kernel picked when the given one was 0.
 
-    def __init__(self, url: str, size: int, timeout: float = 60.0) -> None:
+    ``elastic=True``: the hub is an elastic group's coordinator (:attr:`coordinator`), up
+    until :meth:`close`; the ranks join with ``elastic=True``."""
+
+    def __init__(self, url: str, size: int, timeout: float = 60.0, elastic: bool = False) -> None:
         self.size = size
         self._hub = serve(url)
         self.url = self._hub.url
         self._timeout = timeout
         self.error: str | None = None
-        self._thread = threading.Thread(target=self._run, name="rendezvous", daemon=True)
+        self.coordinator = None
+        run = self._run
+        if elastic:
+            from tensorwire.collective.coordinator import Coordinator
+
+            self.coordinator = Coordinator(self._hub, size, timeout)
+            run = self.coordinator.run
+        self._thread = threading.Thread(target=run, name="rendezvous", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -83,7 +93,9 @@ class Rendezvous:
             log.warning("rendezvous could not answer %s: %s", client, exc)
 
     def close(self) -> None:
-        """Wait for the answers to go out, then close the hub."""
+        """Wait for the answers to go out (stop coordinating), then close the hub."""
+        if self.coordinator is not None:
+            self.coordinator.stop()
         self._thread.join(self._timeout)
         self._hub.close()
 
