@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tensorwire.collective.compression import Compression, CompressionMethod, compression_of
+from tensorwire.collective.credentials import GroupCredentials
 
 KiB = 1 << 10
 
@@ -29,6 +31,10 @@ class GroupOptions:
     - ``compress``: how ``allreduce`` compresses tensors when not told on the call:
       ``"fp16"``, ``"bf16"``, ``"int8"``, ``"topk"``, ``"randomk"``, a
       :class:`~tensorwire.collective.Compression`, or None (exact).
+    - ``credentials``: a :class:`~tensorwire.collective.GroupCredentials`, or a directory
+      ``tensorwire certs`` wrote (each rank reads its own ``rank-N`` files there): the
+      rendezvous admits enrolled ranks only and every link is TLS 1.3 with sealed records,
+      each rank proving which rank it is. None: plain links, the group's token only.
     """
 
     timeout: float = 60.0
@@ -38,6 +44,7 @@ class GroupOptions:
     piece_bytes: int = 4096 * KiB
     checksum: bool = True
     compress: CompressionMethod | Compression | None = None
+    credentials: GroupCredentials | str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         compression_of(self.compress)  # a wrong name fails as the group forms, not mid-run
