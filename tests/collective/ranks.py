@@ -22,13 +22,27 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 class Ranks:
     """``size`` rank processes running ``scenario``; use as a context manager."""
 
-    def __init__(self, scenario: str, size: int) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        size: int,
+        *,
+        worker: Path = WORKER,
+        credentials: Any = None,
+        extra: list[list[str]] | None = None,
+    ) -> None:
+        """``worker`` runs each rank, given ``extra[rank]`` after the usual arguments; the
+        rendezvous is served with ``credentials`` (see :class:`Rendezvous`)."""
         self.size = size
-        self.rendezvous = Rendezvous("tcp://127.0.0.1:0", size, timeout=120)
+        self.rendezvous = Rendezvous(
+            "tcp://127.0.0.1:0", size, timeout=120, credentials=credentials
+        )
         env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        extra = extra or [[] for _ in range(size)]
         self.procs = [
             subprocess.Popen(
-                [sys.executable, str(WORKER), scenario, self.rendezvous.url, str(r), str(size)],
+                [sys.executable, str(worker), scenario, self.rendezvous.url, str(r), str(size)]
+                + extra[r],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
