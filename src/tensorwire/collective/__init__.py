@@ -19,10 +19,14 @@ What exists now:
   blockwise int8 along the ring with float32 partial sums at every hop, top-k / random-k
   with error feedback (every rank's part, summed on every rank).
 
-Still to come (issue #26): credentials and encryption on the links (``tls=``,
-per-rank keys: today the token keeps strangers out but the traffic is in the clear);
-elastic mode (a group that shrinks past a failed rank); ``tensorwire bench collective`` on
-the testbed's shaped links.
+- Security (``credentials=``, :class:`GroupCredentials`): ranks enrolled like devices
+  (``rank-N``: a certificate and/or a secret from ``tensorwire certs``); the rendezvous
+  admits enrolled ranks only, and every link is TLS 1.3 with sealed records on which each
+  rank proves which rank it is. Without credentials a connection without the group's token
+  is refused, and the traffic is in the clear.
+
+Still to come (issue #26): elastic mode (a group that shrinks past a failed rank);
+``tensorwire bench collective`` on the testbed's shaped links.
 
 torch.distributed's backend ``"tensorwire"`` registers when
 ``tensorwire.collective.torch_backend`` is imported (not from here: it imports torch); its
@@ -30,6 +34,7 @@ DDP comm hook is ``tensorwire.collective.ddp.allreduce_hook``.
 """
 
 from tensorwire.collective.compression import COMPRESSION_METHODS, Compression
+from tensorwire.collective.credentials import GroupCredentials
 from tensorwire.collective.group import Group
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import REDUCE_OPS
@@ -43,6 +48,7 @@ __all__ = [
     "CollectiveMismatch",
     "Compression",
     "Group",
+    "GroupCredentials",
     "GroupOptions",
     "RankFailed",
     "Rendezvous",

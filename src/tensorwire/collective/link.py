@@ -102,14 +102,15 @@ class LinkSecurity:
         self._certified = False
         if credentials is None:
             return
-        tls = credentials.tls if credentials.tls and credentials.tls.cert else None
-        if tls is None and not self._pairs:
+        tls = credentials.tls
+        cert = None if tls is None else tls.cert
+        if cert is None and not self._pairs:
             raise AuthenticationError(
                 f"{rank_id(rank)} has a secret but no certificate, and nothing gave this group "
                 "link keys (only a rendezvous at a hub does; under MPI or torch's store give "
                 "every rank its certificate)"
             )
-        if tls is not None:
+        if tls is not None and cert is not None:
             if tls.ca is None:
                 raise AuthenticationError(
                     "a rank's tls= needs the ca= that signed every rank's certificate too"
@@ -118,7 +119,7 @@ class LinkSecurity:
             self._server = tls.server_context()  # mutual: it requires the dialler's certificate
             self._client = tls.client_context()
             self._client.check_hostname = False  # a rank's certificate names a rank, not a host
-            own = x509.load_pem_x509_certificate(Path(tls.cert).read_bytes())
+            own = x509.load_pem_x509_certificate(Path(cert).read_bytes())
             self._own_der = own.public_bytes(serialization.Encoding.DER)
         else:
             self._server, self._own_der = _throwaway_context()

@@ -6,6 +6,8 @@ listener's welcome. The listener admits a hello with the right token from a rank
 admitted yet and refuses anything else (garbage, silence past the handshake deadline, a
 wrong token, a second connection from one rank): the connection is closed, the refusal
 recorded and logged, and the group goes on. The listener stays up for the group's life.
+In a secured group both ends run TLS first, and the hello and the welcome carry each rank's
+proof of which rank it is (:mod:`~tensorwire.collective.link`).
 """
 
 from __future__ import annotations
