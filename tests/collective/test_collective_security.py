@@ -16,10 +16,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ranks import SRC, Ranks
 
-from tensorwire.collective import Rendezvous, messages
+from tensorwire.collective import Group, GroupOptions, RankFailed, Rendezvous, messages
 from tensorwire.collective.credentials import GroupCredentials, rank_credentials
 from tensorwire.collective.link import LinkSecurity
 from tensorwire.collective.mesh import Mesh, listen
@@ -292,3 +293,60 @@ def test_credentials_from_a_directory(enrolments):
         rank_credentials(enrolments["tls"], 7)
     with pytest.raises(AuthenticationError, match="link keys"):
         LinkSecurity(1, TOKEN, keys, None)  # a secret, and nobody gave out link keys
+
+
+# --- certificates alone: a group formed without a hub (as under MPI or torch's store) ----------
+
+
+def _without_a_hub(size: int, credentials: list) -> list:
+    """Form a group of ``size`` ranks in threads with MPI's kind of exchange (addresses and a
+    token, no link keys), rank ``r`` with ``credentials[r]``; each rank's allreduce result,
+    or its error."""
+    addresses: list = [None] * size
+    met = threading.Barrier(size)
+    results: list = [None] * size
+
+    def rank(r: int) -> None:
+        def exchange(address):
+            addresses[r] = address
+            met.wait(T)
+            return list(addresses), "7" * 32
+
+        opts = GroupOptions(credentials=credentials[r], timeout=T, connect_timeout=5)
+        try:
+            with Group._connect(r, size, "127.0.0.1", opts, exchange) as group:
+                x = np.full(10, r + 1.0)
+                group.allreduce(x)
+                results[r] = float(x[0])
+        except Exception as exc:  # handed to the test, which asserts on it
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(T)
+    return results
+
+
+def test_certificates_alone_secure_a_group_formed_without_a_hub(enrolments):
+    results = _without_a_hub(3, [enrolments["tls"]] * 3)
+    assert results == [6.0, 6.0, 6.0], results
+
+
+def test_without_a_hub_a_secret_alone_is_not_enough(enrolments):
+    results = _without_a_hub(2, [enrolments["keys"]] * 2)
+    assert all(isinstance(r, AuthenticationError) for r in results), results
+    assert "link keys" in str(results[0])
+
+
+def test_without_a_hub_a_rank_with_another_ranks_certificate_is_refused(enrolments, caplog):
+    d = enrolments["tls"]
+    as_rank_2 = GroupCredentials(
+        tls=TLS(cert=d / "rank-2.pem", key=d / "rank-2.key", ca=d / "ca.pem")
+    )
+    results = _without_a_hub(3, [d, as_rank_2, d])
+    assert all(isinstance(r, RankFailed) for r in results), results
+    assert results[0].rank == 1, results  # it never came: rank 0 refused it
+    refusals = [r.message for r in caplog.records if "rank 0 refused" in r.message]
+    assert any("certificate is for 'rank-2', the hello says 'rank-1'" in m for m in refusals)
