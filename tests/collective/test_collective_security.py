@@ -212,6 +212,9 @@ def _rank0(
     return state, mesh, address
 
 
+OPEN: list[socket.socket] = []  # welcomed links, kept open until the test closes rank 0
+
+
 def _dial(security: LinkSecurity, address: tuple[str, int]) -> str:
     """Dial as ``security``'s rank toward rank 0: "welcomed", or why not."""
     shake = security.dialling(0)
@@ -220,6 +223,7 @@ def _dial(security: LinkSecurity, address: tuple[str, int]) -> str:
         send_encoded(sock, shake.hello(), time.monotonic() + T)
         reply = StreamReader(sock, MessageStream()).read_message(time.monotonic() + T)
         shake.check(reply)
+        OPEN.append(sock)
         return "welcomed"
     except (TransportError, OSError) as exc:
         return f"refused: {exc}"
@@ -243,7 +247,10 @@ def test_a_link_key_proves_the_rank_and_a_wrong_one_or_another_ranks_is_refused(
         right = _dial(LinkSecurity(1, TOKEN, secret, {0: k1}), address)
         refusals = _wait_refusals(state, 3)
     finally:
+        state.closing = True  # as Group.close: links ending now are no failure
         mesh.close(1.0)
+        while OPEN:
+            OPEN.pop().close()
     assert [wrong[:7], as_other[:7], no_proof[:7]] == ["refused"] * 3, (wrong, as_other, no_proof)
     assert right == "welcomed"
     assert len(refusals) == 3, refusals
