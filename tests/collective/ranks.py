@@ -21,25 +21,35 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 class Ranks:
     """``size`` rank processes running ``scenario`` (of ``worker``, with ``extra`` arguments
-    after its four); use as a context manager. ``elastic``: the rendezvous coordinates an
-    elastic group; ``url``: meet at that hub instead of one served by the test."""
+    after its four: the same for every rank, or a list per rank); use as a context manager.
+    ``elastic``: the rendezvous coordinates an elastic group; ``credentials``: it is served
+    with them (see :class:`Rendezvous`); ``url``: meet at that hub instead of one served by
+    the test."""
 
     def __init__(
         self,
         scenario: str,
         size: int,
         worker: Path = WORKER,
+        *,
         elastic: bool = False,
+        credentials: Any = None,
         url: str | None = None,
-        extra: tuple[str, ...] = (),
+        extra: tuple[str, ...] | list[list[str]] = (),
     ) -> None:
         self.size = size
         self.rendezvous = None
         if url is None:
-            self.rendezvous = Rendezvous("tcp://127.0.0.1:0", size, timeout=120, elastic=elastic)
+            self.rendezvous = Rendezvous(
+                "tcp://127.0.0.1:0", size, timeout=120, elastic=elastic, credentials=credentials
+            )
             url = self.rendezvous.url
         self._args = [str(worker), scenario, url]
-        self._extra = list(extra)
+        self._extra = (
+            [list(each) for each in extra]
+            if isinstance(extra, list)
+            else [list(extra) for _ in range(size)]
+        )
         self.procs = [self._spawn(r) for r in range(size)]
         self.lines: list[queue.Queue[dict[str, Any] | None]] = [queue.Queue() for _ in range(size)]
         for proc, lines in zip(self.procs, self.lines, strict=True):
@@ -48,7 +58,7 @@ class Ranks:
     def _spawn(self, rank: int) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         return subprocess.Popen(
-            [sys.executable, *self._args, str(rank), str(self.size), *self._extra],
+            [sys.executable, *self._args, str(rank), str(self.size), *self._extra[rank]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

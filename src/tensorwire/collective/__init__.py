@@ -21,9 +21,14 @@ What exists now:
 - Elastic mode (``elastic=True``, :mod:`.elastic`): a rank that dies or hangs is dropped and
   the operation is done again over the ranks left; a restarted rank rejoins.
 
-Still to come (issue #26): credentials and encryption on the links (``tls=``,
-per-rank keys: today the token keeps strangers out but the traffic is in the clear);
-``tensorwire bench collective`` on the testbed's shaped links.
+- Security (``credentials=``, :class:`GroupCredentials`): ranks enrolled like devices
+  (``rank-N``: a certificate and/or a secret from ``tensorwire certs``); the rendezvous
+  admits enrolled ranks only, and every link is TLS 1.3 with sealed records on which each
+  rank proves which rank it is. Without credentials a connection without the group's token
+  is refused, and the traffic is in the clear.
+
+Still to come (issue #26): credentials for elastic groups (refused with a ValueError today);
+links over quic and ucx.
 
 torch.distributed's backend ``"tensorwire"`` registers when
 ``tensorwire.collective.torch_backend`` is imported (not from here: it imports torch); its
@@ -31,6 +36,7 @@ DDP comm hook is ``tensorwire.collective.ddp.allreduce_hook``.
 """
 
 from tensorwire.collective.compression import COMPRESSION_METHODS, Compression
+from tensorwire.collective.credentials import GroupCredentials
 from tensorwire.collective.group import Group
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import REDUCE_OPS
@@ -44,6 +50,7 @@ __all__ = [
     "CollectiveMismatch",
     "Compression",
     "Group",
+    "GroupCredentials",
     "GroupOptions",
     "RankFailed",
     "Rendezvous",

@@ -27,7 +27,12 @@ from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import ReduceOp
-from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward
+from tensorwire.collective.rendezvous import (
+    ELASTIC_WITHOUT_CREDENTIALS,
+    Address,
+    Rendezvous,
+    address_toward,
+)
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import CollectiveError, RankFailed
 from tensorwire.wire import Limits
@@ -272,6 +277,8 @@ def join(
     serves it unless ``serve`` says otherwise; it then lives as long as rank 0's group) and
     keep the channel to it. A rank that comes to a running group (restarted) waits for the
     next operation the group completes, then the members dial it."""
+    if opts.credentials is not None:
+        raise ValueError(ELASTIC_WITHOUT_CREDENTIALS)
     rendezvous = None
     if serve if serve is not None else rank == 0:
         rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout, elastic=True)

@@ -14,11 +14,19 @@ from tensorwire.collective import broadcast as broadcasts
 from tensorwire.collective import compressed_allreduce, doubling, ring
 from tensorwire.collective.arrays import WorkArray, as_array
 from tensorwire.collective.compression import Compression, CompressionMethod, compression_for
+from tensorwire.collective.credentials import rank_credentials
+from tensorwire.collective.link import LinkSecurity
 from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import ReduceOp, check_reduction, finish
-from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward, announce
+from tensorwire.collective.rendezvous import (
+    Address,
+    Meeting,
+    Rendezvous,
+    address_toward,
+    announce,
+)
 from tensorwire.collective.state import GroupState
 from tensorwire.wire import Limits
 
@@ -26,6 +34,9 @@ AllreduceAlgorithm = Literal["ring", "recursive_doubling"]
 
 ENV_RENDEZVOUS = "TENSORWIRE_RENDEZVOUS"
 """A hub URL for :meth:`Group.from_env` to meet at, in place of ``MASTER_ADDR``'s."""
+
+ENV_CERTS = "TENSORWIRE_CERTS"
+"""A directory ``tensorwire certs`` wrote: :meth:`Group.from_env`'s ``credentials``."""
 
 TORCHRUN_PORT_OFFSET = 1
 """:meth:`Group.from_env`'s hub listens on ``MASTER_PORT + 1``: torchrun's own store may
@@ -83,8 +94,9 @@ class Group:
         ``serve``: this rank serves the hub (default: rank 0 does; pass False when a
         :class:`~tensorwire.collective.Rendezvous` of its own serves it). ``host``: the
         address this rank listens on (default: the one it reaches the hub's host from).
-        ``options`` and the keywords are :class:`GroupOptions`' fields; with
-        ``elastic=True`` the group is an :class:`~tensorwire.collective.elastic.ElasticGroup`.
+        ``options`` and the keywords are :class:`GroupOptions`' fields; with ``credentials``
+        the hub is served and joined with them and every link is sealed (``docs/collective.md``);
+        with ``elastic=True`` the group is an :class:`~tensorwire.collective.elastic.ElasticGroup`.
         """
         if not 0 <= rank < size:
             raise ValueError(f"rank={rank} is not in 0..{size - 1} (size={size})")
@@ -93,9 +105,11 @@ class Group:
             from tensorwire.collective import elastic
 
             return elastic.join(url, rank, size, serve, host, opts)
+        creds = rank_credentials(opts.credentials, rank)
         rendezvous = None
         if serve if serve is not None else rank == 0:
-            rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout)
+            hub = opts.credentials if isinstance(opts.credentials, str | os.PathLike) else creds
+            rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout, credentials=hub)
             url = rendezvous.url
         try:
             return cls._connect(
@@ -103,7 +117,7 @@ class Group:
                 size,
                 host or address_toward(url),
                 opts,
-                lambda address: announce(url, rank, size, address, opts.connect_timeout),
+                lambda address: announce(url, rank, size, address, opts.connect_timeout, creds),
             )
         finally:
             if rendezvous is not None:
@@ -116,18 +130,21 @@ class Group:
         size: int,
         host: str,
         opts: GroupOptions,
-        exchange: Callable[[Address], tuple[list[Address], str]],
+        exchange: Callable[[Address], tuple[list[Address], str] | Meeting],
     ) -> Group:
-        """Listen on ``host``, learn every rank's listener and the group's token from
-        ``exchange`` (given this rank's listener: a rendezvous at a hub URL; MPI's
-        allgather and broadcast are the other way to come), and connect to every rank."""
+        """Listen on ``host``, learn every rank's listener and the group's token (and any
+        link keys) from ``exchange`` (given this rank's listener: a rendezvous at a hub URL;
+        MPI's allgather and broadcast are the other way to come), and connect to every rank,
+        securing the links with ``opts.credentials`` when given."""
         deadline = time.monotonic() + opts.connect_timeout
         sock = listen(host)
         address = sock.getsockname()[:2]
         state = GroupState(rank, size, opts.silence)
         try:
-            addresses, token = exchange(address)
-            mesh = Mesh(state, token, opts.heartbeat, Limits())
+            addresses, token, link_keys = Meeting(*exchange(address))
+            creds = rank_credentials(opts.credentials, rank)
+            security = LinkSecurity(rank, token, creds, link_keys)
+            mesh = Mesh(state, token, opts.heartbeat, Limits(), security)
             try:
                 mesh.open(sock, addresses, deadline)
             except BaseException:
@@ -142,8 +159,11 @@ class Group:
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Group:
         """A group from torchrun's variables: ``RANK``, ``WORLD_SIZE``, and the hub at
         ``tcp://MASTER_ADDR:MASTER_PORT+1`` (or the URL in ``TENSORWIRE_RENDEZVOUS``),
-        served by rank 0. The keywords go to :meth:`join`."""
+        served by rank 0, with the credentials in the directory ``TENSORWIRE_CERTS`` names,
+        if set. The keywords go to :meth:`join`."""
         env = os.environ if env is None else env
+        if env.get(ENV_CERTS) and "credentials" not in kwargs:
+            kwargs["credentials"] = env[ENV_CERTS]
         missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
         url = env.get(ENV_RENDEZVOUS)
         if url is None:

@@ -6,6 +6,8 @@ listener's welcome. The listener admits a hello with the right token from a rank
 admitted yet and refuses anything else (garbage, silence past the handshake deadline, a
 wrong token, a second connection from one rank): the connection is closed, the refusal
 recorded and logged, and the group goes on. The listener stays up for the group's life.
+In a secured group both ends run TLS first, and the hello and the welcome carry each rank's
+proof of which rank it is (:mod:`~tensorwire.collective.link`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from tensorwire.collective import messages
 from tensorwire.collective.connection import RankConnection
+from tensorwire.collective.link import LinkSecurity
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import AuthenticationError, RankFailed, SessionRefused, TransportError
 from tensorwire.transports.sockets import (
@@ -54,9 +57,17 @@ def _opened(reader: StreamReader, limits: Limits) -> StreamReader:
 class Mesh:
     """The links of ``state``'s rank to every other rank (see the module doc)."""
 
-    def __init__(self, state: GroupState, token: str, heartbeat: float, limits: Limits) -> None:
+    def __init__(
+        self,
+        state: GroupState,
+        token: str,
+        heartbeat: float,
+        limits: Limits,
+        security: LinkSecurity | None = None,
+    ) -> None:
         self._state = state
         self._token = token
+        self._security = security or LinkSecurity(state.rank, token, None)
         self._heartbeat = heartbeat
         self._limits = limits
         self._listener: Listener[Admitted] | None = None
@@ -101,19 +112,21 @@ class Mesh:
 
     def _dial(self, peer: int, address: tuple[str, int], deadline: float) -> None:
         state = self._state
+        shake = self._security.dialling(peer)
         try:
-            sock = connect_stream(address, deadline)
+            sock = shake.secure(connect_stream(address, deadline), deadline)
         except OSError as exc:
             raise RankFailed(
                 peer, f"rank {state.rank} cannot reach it at {address}: {exc}"
             ) from None
         try:
-            send_encoded(sock, messages.hello(state.rank, self._token), deadline)
+            send_encoded(sock, shake.hello(), deadline)
             # a member's limits at once: the welcome may come with the peer's first messages
             reader = StreamReader(sock, MessageStream(limits=self._limits))
             reply = reader.read_message(deadline)
             if reply.kind != messages.WELCOME or reply.meta.get("rank") != peer:
                 raise SessionRefused(f"answered {reply.kind!r}, not a welcome from rank {peer}")
+            shake.check(reply)
         except (OSError, ValueError) as exc:
             sock.close()
             raise RankFailed(peer, f"did not welcome rank {state.rank}: {exc}") from None
@@ -125,8 +138,9 @@ class Mesh:
         """The handshake of a connection to the listener (the kit's Listener thread)."""
         state = self._state
         tune(conn)
-        reader = _handshake_reader(conn)
         deadline = time.monotonic() + HANDSHAKE_S
+        conn = self._security.accept(conn, deadline)
+        reader = _handshake_reader(conn)
         hello = reader.read_message(deadline)
         token = hello.meta.get("token")
         if hello.kind != messages.HELLO or not isinstance(token, str):
@@ -139,8 +153,9 @@ class Mesh:
                 raise SessionRefused(f"claims rank {peer!r}, which does not dial rank {state.rank}")
             if peer in state.connections:
                 raise SessionRefused(f"claims rank {peer}, which is connected already")
+        auth = self._security.admit(hello, peer, conn)
         try:
-            send_encoded(conn, messages.welcome(state.rank), deadline)
+            send_encoded(conn, messages.welcome(state.rank, auth), deadline)
         except OSError as exc:
             raise TransportError(f"the welcome did not go out: {exc}") from None
         return peer, conn, reader

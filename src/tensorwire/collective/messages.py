@@ -3,12 +3,14 @@ apart by ``kind`` (no pickle: a header of msgpack scalars and raw tensor bytes).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tensorwire.wire import EncodedMessage, Limits, encode_message
 
-HELLO = "tw.coll.hello"  # dialler -> listener: meta rank, token
-WELCOME = "tw.coll.welcome"  # listener -> dialler: meta rank
+HELLO = "tw.coll.hello"  # dialler -> listener: meta rank, token (auth: secured groups)
+WELCOME = "tw.coll.welcome"  # listener -> dialler: meta rank (auth: secured groups)
 DATA = "tw.coll.data"  # a piece of an operation: tensor "x"; meta seq, sig
 BEAT = "tw.coll.beat"  # an idle link's "still here": meta seq (last operation started)
 ABORT = "tw.coll.abort"  # the group failed: meta rank (the culprit), reason, mismatch
@@ -19,12 +21,18 @@ HANDSHAKE_LIMITS = Limits(max_header_bytes=4096, max_message_bytes=4096, max_ten
 """What a connection may send before it has proven it belongs to the group."""
 
 
-def hello(rank: int, token: str) -> EncodedMessage:
-    return encode_message(None, {"rank": rank, "token": token}, kind=HELLO)
+def hello(rank: int, token: str, auth: dict[str, Any] | None = None) -> EncodedMessage:
+    meta: dict[str, Any] = {"rank": rank, "token": token}
+    if auth is not None:  # a secured group's proof of the link key (collective.link)
+        meta["auth"] = auth
+    return encode_message(None, meta, kind=HELLO)
 
 
-def welcome(rank: int) -> EncodedMessage:
-    return encode_message(None, {"rank": rank}, kind=WELCOME)
+def welcome(rank: int, auth: dict[str, Any] | None = None) -> EncodedMessage:
+    meta: dict[str, Any] = {"rank": rank}
+    if auth is not None:
+        meta["auth"] = auth
+    return encode_message(None, meta, kind=WELCOME)
 
 
 def data(piece: np.ndarray, seq: int, sig: str, checksum: bool) -> EncodedMessage:

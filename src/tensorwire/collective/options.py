@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tensorwire.collective.compression import Compression, CompressionMethod, compression_of
+from tensorwire.collective.credentials import GroupCredentials
 
 KiB = 1 << 10
 
@@ -33,6 +35,10 @@ class GroupOptions:
       again over the ranks left; a restarted rank rejoins (see :mod:`.elastic`). It needs a
       coordinator that outlives ranks: ``Rendezvous(url, size, elastic=True)`` (or rank 0's
       hub, kept up for the group's life), and costs one round trip to it per operation.
+    - ``credentials``: a :class:`~tensorwire.collective.GroupCredentials`, or a directory
+      ``tensorwire certs`` wrote (each rank reads its own ``rank-N`` files there): the
+      rendezvous admits enrolled ranks only and every link is TLS 1.3 with sealed records,
+      each rank proving which rank it is. None: plain links, the group's token only.
     """
 
     timeout: float = 60.0
@@ -43,6 +49,7 @@ class GroupOptions:
     checksum: bool = True
     compress: CompressionMethod | Compression | None = None
     elastic: bool = False
+    credentials: GroupCredentials | str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         compression_of(self.compress)  # a wrong name fails as the group forms, not mid-run

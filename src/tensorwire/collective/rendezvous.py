@@ -13,14 +13,37 @@ import secrets
 import socket
 import threading
 import time
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from tensorwire.errors import CollectiveError, TransportError
+from tensorwire.collective.credentials import (
+    GroupCredentials,
+    hub_credentials,
+    make_link_keys,
+    open_link_keys,
+    rank_id,
+    seal_link_keys,
+)
+from tensorwire.errors import AuthenticationError, CollectiveError, TransportError
 from tensorwire.transports import connect, serve
 
 log = logging.getLogger("tensorwire.collective")
 
 Address = tuple[str, int]
+
+ELASTIC_WITHOUT_CREDENTIALS = (
+    "an elastic group does not take credentials yet: its coordinator and the links it makes "
+    "for rejoining ranks are not sealed; run it on a network you trust, or leave elastic off"
+)
+
+
+class Meeting(NamedTuple):
+    """What a rank learns at the rendezvous: every rank's listener, the group's token, and
+    (a secured rendezvous that knows the ranks' secrets) its link keys: other rank -> key."""
+
+    addresses: list[Address]
+    token: str
+    link_keys: dict[int, bytes] | None = None
 
 
 class Rendezvous:
@@ -30,11 +53,29 @@ class Rendezvous:
     port the kernel picked when the given one was 0.
 
     ``elastic=True``: the hub is an elastic group's coordinator (:attr:`coordinator`), up
-    until :meth:`close`; the ranks join with ``elastic=True``."""
+    until :meth:`close`; the ranks join with ``elastic=True``.
 
-    def __init__(self, url: str, size: int, timeout: float = 60.0, elastic: bool = False) -> None:
+    ``credentials``: the hub's (a :class:`~tensorwire.transports.base.options.Credentials`,
+    a :class:`~tensorwire.collective.GroupCredentials` with ``hub``, or a directory
+    ``tensorwire certs`` wrote): then only enrolled ranks get in, each as client id
+    ``rank-N`` for the rank it claims, and with the enrolment's keys each rank gets its link
+    keys sealed under its secret (:mod:`~tensorwire.collective.credentials`)."""
+
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        timeout: float = 60.0,
+        elastic: bool = False,
+        credentials: Any = None,
+    ) -> None:
+        if elastic and credentials is not None:
+            raise ValueError(ELASTIC_WITHOUT_CREDENTIALS)
         self.size = size
-        self._hub = serve(url)
+        hub = hub_credentials(credentials)
+        self._secured = hub is not None
+        self._keys = None if hub is None else hub.keys
+        self._hub = serve(url) if hub is None else serve(url, credentials=hub)
         self.url = self._hub.url
         self._timeout = timeout
         self.error: str | None = None
@@ -67,6 +108,8 @@ class Rendezvous:
                 problem = f"it says size={size!r}, the rendezvous was set up for {self.size}"
             elif not isinstance(rank, int) or not 0 <= rank < self.size:
                 problem = f"rank={rank!r} is not in 0..{self.size - 1}"
+            elif self._secured and client != rank_id(rank):
+                problem = f"it is enrolled as {client!r}, not as {rank_id(rank)!r}"
             elif rank in addresses:
                 problem = f"rank {rank} has come already (from {clients[rank]!r})"
             else:
@@ -83,8 +126,14 @@ class Rendezvous:
                 "ports": [addresses[r][1] for r in range(self.size)],
                 "token": secrets.token_hex(16),
             }
-        for client in clients.values():
-            self._answer(client, answer)
+        link_keys = make_link_keys(self.size) if self._keys and "token" in answer else None
+        for rank, client in clients.items():
+            secret = None if self._keys is None else self._keys.get(client)
+            if link_keys is None or secret is None:
+                self._answer(client, answer)
+                continue
+            sealed = seal_link_keys(secret, rank, str(answer["token"]), link_keys[rank])
+            self._answer(client, {**answer, "keys": sealed})
 
     def _answer(self, client: str, answer: dict[str, object]) -> None:
         try:
@@ -107,21 +156,37 @@ class Rendezvous:
 
 
 def announce(
-    url: str, rank: int, size: int, address: Address, timeout: float
-) -> tuple[list[Address], str]:
+    url: str,
+    rank: int,
+    size: int,
+    address: Address,
+    timeout: float,
+    credentials: GroupCredentials | None = None,
+) -> Meeting:
     """Tell the rendezvous at ``url`` that ``rank`` of ``size`` listens at ``address``;
-    return every rank's listener address and the group's token."""
+    return every rank's listener address, the group's token and, with ``credentials``
+    holding a secret, the link keys the rendezvous sealed for it."""
+    # unique: a second "rank 3" is refused (a secured hub tells them apart by credentials)
+    name = rank_id(rank) if credentials else f"rank-{rank}-{secrets.token_hex(4)}"
+    secured = {} if credentials is None else {"credentials": credentials.channel()}
     try:
-        name = f"rank-{rank}-{secrets.token_hex(4)}"  # unique: a second "rank 3" is refused
-        with connect(url, client_id=name, timeout=timeout) as ch:
+        with connect(url, client_id=name, timeout=timeout, **secured) as ch:
             ch.send(meta={"rank": rank, "size": size, "host": address[0], "port": address[1]})
             answer = ch.recv(timeout=timeout).meta
+    except AuthenticationError as exc:
+        raise AuthenticationError(
+            f"rank {rank}: the rendezvous at {url} refused it: {exc}"
+        ) from exc
     except TransportError as exc:
         raise CollectiveError(f"rank {rank}: the rendezvous at {url} failed: {exc}") from exc
     if "error" in answer:
         raise CollectiveError(f"rank {rank}: the rendezvous at {url} refused: {answer['error']}")
-    hosts, ports = answer["hosts"], answer["ports"]
-    return [(str(h), int(p)) for h, p in zip(hosts, ports, strict=True)], str(answer["token"])
+    hosts, ports, token = answer["hosts"], answer["ports"], str(answer["token"])
+    addresses = [(str(h), int(p)) for h, p in zip(hosts, ports, strict=True)]
+    link_keys = None
+    if credentials is not None and credentials.secret is not None and "keys" in answer:
+        link_keys = open_link_keys(credentials.secret, rank, token, answer["keys"], size)
+    return Meeting(addresses, token, link_keys)
 
 
 def address_toward(url: str) -> str:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from tensorwire.collective.group import Group
+from tensorwire.collective.group import ENV_CERTS, Group
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import ReduceOp
 from tensorwire.collective.rendezvous import Address, address_toward
@@ -257,9 +257,13 @@ def _one(tensors: list[Any], operation: str) -> Any:
 def create(options: Any, group_options: GroupOptions | None) -> ProcessGroupTensorwire:
     """torch's constructor for the backend (``extended_api``): ``group_options`` is what
     ``init_process_group(pg_options=...)`` was given; by default the group's deadlines
-    are torch's ``timeout``."""
+    are torch's ``timeout``, and its credentials the directory ``TENSORWIRE_CERTS`` names
+    (certificates: torch's store gives out no link keys)."""
     timeout = options.timeout.total_seconds()
-    opts = group_options or GroupOptions(timeout=timeout, connect_timeout=timeout)
+    certs = os.environ.get(ENV_CERTS) or None
+    opts = group_options or GroupOptions(
+        timeout=timeout, connect_timeout=timeout, credentials=certs
+    )
     rank, size, store = options.group_rank, options.group_size, options.store
     exchange = store_exchange(store, rank, size, opts.connect_timeout)
     group = Group._connect(rank, size, listen_host(store), opts, exchange)

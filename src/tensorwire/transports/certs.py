@@ -138,9 +138,10 @@ def make_certs(
     keys = json.loads(enrolment.keys.read_text()) if enrolment.keys.exists() else {}
     for cid in clients:
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _certificate(
-            cid, key, ca_cert.subject, ca_key, usage=(ExtendedKeyUsageOID.CLIENT_AUTH,)
-        )
+        # server use too: a rank of a collective group presents it to the ranks that dial it
+        # (it names no host, so no client can take it for a hub's)
+        usage = (ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH)
+        cert = _certificate(cid, key, ca_cert.subject, ca_key, usage=usage)
         secret = secrets.token_hex(32)
         keys[cid] = secret
         enrolment.devices[cid] = {

@@ -156,8 +156,9 @@ class TlsStream:
                     self._flush(deadline)  # the alert tells the peer why
                 raise tls_error(exc, what) from None
 
-    def getpeercert(self) -> Any:
-        return self._obj.getpeercert()
+    def getpeercert(self, binary_form: bool = False) -> Any:
+        """The peer's certificate: as ``ssl`` gives it, or DER bytes (even one not verified)."""
+        return self._obj.getpeercert(binary_form)
 
     def _flush(self, deadline: float | None) -> None:
         data = self._out.read()
