@@ -91,13 +91,15 @@ class Job:
             raise RuntimeError(f"{self.name}: a rank ended (exit codes {codes})")
         return got
 
-    def ask(self, nbytes: int, variant: int, iterations: int) -> float:
-        """Seconds per allreduce of ``nbytes`` by ``variant``, the slowest rank's."""
+    def ask(self, nbytes: int, variant: int, iterations: int) -> tuple[float, float]:
+        """Seconds per allreduce of ``nbytes`` by ``variant``, the slowest rank's, and the
+        most process CPU seconds a rank spent per allreduce."""
         stdin = self.procs[0].stdin
         assert stdin is not None
         stdin.write(f"{nbytes} {variant} {iterations}\n")
         stdin.flush()
-        return float(self.answer()["seconds"])
+        got = self.answer()
+        return float(got["seconds"]), float(got["cpu_seconds"])
 
     def stop(self) -> None:
         """End the job: the quit command, then a kill for any rank still there."""
@@ -238,23 +240,29 @@ def bench_collective(
             raise ValueError(f"size {n}: choose multiples of 4 bytes from 4 KiB to 256 MiB")
     skipped: dict[str, str] = {}
     times: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
     with contenders(ranks, compress, mpi_btls, skipped) as chosen:
         total = (repeat + 1) * len(sizes) * len(chosen)
         for round_ in range(repeat + 1):
             turn = round_ % len(chosen)
             for nbytes in sizes:
                 for c in chosen[turn:] + chosen[:turn]:
-                    seconds = c.job.ask(nbytes, c.variant, iterations_for(nbytes))
+                    seconds, cpu_s = c.job.ask(nbytes, c.variant, iterations_for(nbytes))
                     if round_:  # the first round warms up
                         times.setdefault((c.name, nbytes), []).append(seconds)
+                        cpu.setdefault((c.name, nbytes), []).append(cpu_s)
                     if progress:
                         progress(total)
         names = [c.name for c in chosen]
-    return _rows(times, names, sizes, ranks), skipped
+    return _rows(times, cpu, names, sizes, ranks), skipped
 
 
 def _rows(
-    times: dict[tuple[str, int], list[float]], names: list[str], sizes: Sequence[int], ranks: int
+    times: dict[tuple[str, int], list[float]],
+    cpu: dict[tuple[str, int], list[float]],
+    names: list[str],
+    sizes: Sequence[int],
+    ranks: int,
 ) -> list[dict[str, Any]]:
     rows = []
     for nbytes in sizes:
@@ -271,6 +279,7 @@ def _rows(
                     "trials": len(times[name, nbytes]),
                     "median_ms": median[name] * 1e3,
                     "min_ms": min(times[name, nbytes]) * 1e3,
+                    "cpu_ms": statistics.median(cpu[name, nbytes]) * 1e3,
                     "ring_bytes_per_rank": bound,
                     "bus_gb_per_s": bound / median[name] / 1e9,
                     "vs_gloo": _ratio(median[name], baselines["gloo"]),

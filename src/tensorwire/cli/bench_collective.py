@@ -22,6 +22,7 @@ COLUMNS = [
     "iterations",
     "median_ms",
     "min_ms",
+    "cpu_ms",
     "ring_bytes_per_rank",
     "bus_gb_per_s",
     "vs_gloo",
@@ -30,7 +31,9 @@ COLUMNS = [
 
 LEGEND = (
     "bytes: float32 per rank; iterations: allreduces per trial; median_ms / min_ms: the "
-    "slowest rank's time per allreduce over trials; ring_bytes_per_rank: 2(N-1)/N x bytes, "
+    "slowest rank's time per allreduce over trials; cpu_ms: the process CPU time (all its "
+    "threads) per allreduce of the busiest rank, median over trials (MPI spins while it "
+    "waits); ring_bytes_per_rank: 2(N-1)/N x bytes, "
     "the least each rank must send; bus_gb_per_s: that / median; vs_gloo, vs_mpi: median "
     "time / gloo's, / mpi-tcp's (below 1 is faster)."
 )
