@@ -151,8 +151,8 @@ class RankConnection:
             self._next_expected = index + 1
             if index >= self._arrived:
                 self._expected[index] = buf
-            if self.reader_parked:
-                return
+            if self.reader_parked or index != self._arrived:
+                return  # the reader looks for it as that message begins
         wake(self._wake_w)
 
     def take(self) -> Message:

@@ -48,13 +48,25 @@ def reduce_scatter(
     right, left = (rank + 1) % size, (rank - 1) % size
     for part in pieces(bounds, (rank - 1) % size, piece):
         opn.send(right, flat[part])
-    for step in range(size - 1):
-        forward = step < size - 2
-        for part in pieces(bounds, (rank - step - 2) % size, piece):
-            acc = flat[part]
-            combine(op, acc, opn.recv(left, size=acc.size))
-            if forward:
-                opn.send(right, acc)
+    incoming = [
+        part for step in range(size - 1) for part in pieces(bounds, (rank - step - 2) % size, piece)
+    ]
+    # the last segment (this rank's own) goes no further
+    forwarded_until = len(incoming) - len(list(pieces(bounds, rank, piece)))
+    # pieces arrive in two buffers taken in turn, each expected again once reduced:
+    # no fresh array (and its page faults) per piece
+    spare = [np.empty(min(piece, flat.size), flat.dtype) for _ in range(min(2, len(incoming)))]
+    for i, part in enumerate(incoming[: len(spare)]):
+        opn.expect(left, spare[i][: part.stop - part.start])
+    for i, part in enumerate(incoming):
+        acc = flat[part]
+        buf = spare[i % 2][: acc.size]
+        combine(op, acc, opn.recv(left, into=buf))
+        if i + 2 < len(incoming):
+            after = incoming[i + 2]
+            opn.expect(left, spare[i % 2][: after.stop - after.start])
+        if i < forwarded_until:
+            opn.send(right, acc)
     opn.wait_sent()
     return bounds
 
