@@ -18,6 +18,7 @@ from __future__ import annotations
 import select
 import time
 
+from tensorwire.collective.connection import RankConnection
 from tensorwire.collective.state import GroupState
 from tensorwire.transports.sockets import drain
 
@@ -40,16 +41,16 @@ def wait(state: GroupState, deadline: float) -> None:
     try:
         poller = select.poll()
         poller.register(state.wake_r, select.POLLIN)
-        by_fd = {}
+        by_fd: dict[int, RankConnection] = {}
         for conn in conns:
             by_fd[conn.sock.fileno()] = conn
             poller.register(conn.sock, select.POLLIN)
         for fd, _ in poller.poll(left * 1000):
-            conn = by_fd.get(fd)
-            if conn is None:
+            ready_conn = by_fd.get(fd)
+            if ready_conn is None:
                 drain(state.wake_r)
             else:
-                conn.read_ready()
+                ready_conn.read_ready()
     finally:
         state.lock.acquire()
         state.polling = False

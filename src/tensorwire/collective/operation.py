@@ -35,6 +35,11 @@ class Operation:
         links itself (:mod:`~tensorwire.collective.inline_reads`)."""
         self._inline = nbytes <= inline_reads.INLINE_READ_BYTES
 
+    def spares(self, count: int, n: int, dtype: np.dtype) -> list[np.ndarray]:
+        """``count`` arrays of ``n`` elements of ``dtype`` to receive into, kept by the
+        group from one operation to the next (see :meth:`GroupState.spares`)."""
+        return self._state.spares(count, n, dtype)
+
     def _connection(self, peer: int) -> RankConnection:
         return self._state.connections[peer]
 

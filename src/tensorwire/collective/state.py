@@ -9,6 +9,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tensorwire.collective import messages
 from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
 from tensorwire.transports.sockets import wake, waker
@@ -53,11 +55,21 @@ class GroupState:
         self.polling = False
         self.inline_at = 0.0  # when an operation last read its links itself
         self.wake_r, self.wake_w = waker()
+        self._spares: tuple[tuple[int, int, np.dtype], list[np.ndarray]] | None = None
 
     def add_connection(self, conn: RankConnection) -> None:
         with self.lock:
             self.connections[conn.peer] = conn
             self.changed.notify_all()
+
+    def spares(self, count: int, n: int, dtype: np.dtype) -> list[np.ndarray]:
+        """``count`` arrays of ``n`` elements of ``dtype`` for the operation in progress to
+        receive into: the last ones asked for, when they were the same (fresh memory costs
+        a page fault per page touched; the group keeps these few buffers)."""
+        key = (count, n, np.dtype(dtype))
+        if self._spares is None or self._spares[0] != key:
+            self._spares = (key, [np.empty(n, dtype) for _ in range(count)])
+        return self._spares[1]
 
     def notify(self) -> None:
         """Wake the operation's thread to look at the state again (call holding the lock)."""
