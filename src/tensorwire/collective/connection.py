@@ -19,6 +19,7 @@ reader then decodes it straight into that array.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -51,6 +52,14 @@ INLINE_BYTES = 256 << 10
 kernel's socket buffer takes them at once (a peer's reader always drains it)."""
 
 
+def _over_loopback(sock: socket.socket) -> bool:
+    """True when ``sock`` is connected to a loopback address (its bytes stay in memory)."""
+    try:
+        return ipaddress.ip_address(sock.getpeername()[0]).is_loopback
+    except (OSError, ValueError, TypeError, IndexError):  # not an IP socket, or gone
+        return False
+
+
 class RankConnection:
     """The connection to rank ``peer`` over ``sock`` (connected, tuned, past its handshake)."""
 
@@ -64,6 +73,7 @@ class RankConnection:
     ) -> None:
         self.peer = peer
         self.sock = sock
+        self.loopback = _over_loopback(sock)
         self._reader = reader
         self._state = state
         self._heartbeat = heartbeat

@@ -18,7 +18,7 @@ from tensorwire.errors import CollectiveMismatch, RankFailed
 class Operation:
     """An operation named by ``sig`` with ``timeout`` seconds to complete on this rank."""
 
-    def __init__(self, state: GroupState, sig: str, timeout: float, checksum: bool) -> None:
+    def __init__(self, state: GroupState, sig: str, timeout: float, checksum: bool | str) -> None:
         state.check()
         with state.lock:
             state.seq += 1
@@ -45,9 +45,11 @@ class Operation:
 
     def send(self, peer: int, piece: np.ndarray) -> None:
         """Queue ``piece`` for ``peer``; it must stay unchanged until :meth:`wait_sent`."""
-        enc = messages.data(piece, self.seq, self.sig, self._checksum)
+        conn = self._connection(peer)
+        digest = self._checksum is True or (self._checksum == "auto" and not conn.loopback)
+        enc = messages.data(piece, self.seq, self.sig, digest)
         self._state.bytes_sent += enc.nbytes
-        self._tickets[peer] = self._connection(peer).send(enc, self.deadline)
+        self._tickets[peer] = conn.send(enc, self.deadline)
 
     def expect(self, peer: int, buf: np.ndarray) -> None:
         """The next piece from ``peer`` not yet expected belongs in ``buf``."""
