@@ -116,9 +116,11 @@ class Job:
             raise RuntimeError(f"{self.name}: a rank ended (exit codes {codes})")
         return got
 
-    def ask(self, nbytes: int, variant: int, iterations: int) -> float:
-        """Seconds per allreduce of ``nbytes`` by ``variant``, the slowest rank's."""
-        return float(self._command(nbytes, variant, iterations)["seconds"])
+    def ask(self, nbytes: int, variant: int, iterations: int) -> tuple[float, float]:
+        """Seconds per allreduce of ``nbytes`` by ``variant``, the slowest rank's, and the
+        most process CPU seconds a rank spent per allreduce."""
+        got = self._command(nbytes, variant, iterations)
+        return float(got["seconds"]), float(got["cpu_seconds"])
 
     def error(self, nbytes: int, variant: int) -> float:
         """``variant``'s largest error over the largest exact sum, on random data."""
@@ -320,14 +322,14 @@ def bench_collective(
         for link in links:
             if testbed is not None:
                 testbed.set_profile(link.name)
-            times = _rounds(chosen, sizes, repeat, link, total, progress)
+            times, cpu = _rounds(chosen, sizes, repeat, link, total, progress)
             if not errors:
                 for nbytes in sizes:
                     for c in chosen:
                         errors[c.name, nbytes] = c.job.error(nbytes, c.variant)
                         if progress:
                             progress(total)
-            rows += _rows(times, errors, chosen, sizes, ranks, link)
+            rows += _rows(times, cpu, errors, chosen, sizes, ranks, link)
     return rows, skipped
 
 
@@ -338,24 +340,27 @@ def _rounds(
     link: Link,
     total: int,
     progress: Callable[[int], None] | None,
-) -> dict[tuple[str, int], list[float]]:
-    """Every contender's times per size: ``repeat`` rounds after one that warms up, the
-    order of contenders rotating from round to round."""
+) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], list[float]]]:
+    """Every contender's times and CPU times per size: ``repeat`` rounds after one that
+    warms up, the order of contenders rotating from round to round."""
     times: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
     for round_ in range(repeat + 1):
         turn = round_ % len(chosen)
         for nbytes in sizes:
             for c in chosen[turn:] + chosen[:turn]:
-                seconds = c.job.ask(nbytes, c.variant, iterations_for(nbytes, link.rate))
+                seconds, cpu_s = c.job.ask(nbytes, c.variant, iterations_for(nbytes, link.rate))
                 if round_:  # the first round warms up
                     times.setdefault((c.name, nbytes), []).append(seconds)
+                    cpu.setdefault((c.name, nbytes), []).append(cpu_s)
                 if progress:
                     progress(total)
-    return times
+    return times, cpu
 
 
 def _rows(
     times: dict[tuple[str, int], list[float]],
+    cpu: dict[tuple[str, int], list[float]],
     errors: dict[tuple[str, int], float],
     chosen: list[Contender],
     sizes: Sequence[int],
@@ -382,6 +387,7 @@ def _rows(
                     "trials": len(times[c.name, nbytes]),
                     "median_ms": mine * 1e3,
                     "min_ms": min(times[c.name, nbytes]) * 1e3,
+                    "cpu_ms": statistics.median(cpu[c.name, nbytes]) * 1e3,
                     "ring_bytes_per_rank": bound,
                     "bus_gb_per_s": bound / mine / 1e9,
                     "ring_bound_ms": None if bound_s is None else bound_s * 1e3,

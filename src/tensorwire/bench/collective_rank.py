@@ -11,7 +11,8 @@ other ranks with its engine's own broadcast; every rank then allreduces (sum) a 
 tensor of ``BYTES`` bytes once untimed (the first time it is asked for that size and
 variant), meets the others at a barrier, and times
 ``ITERATIONS`` allreduces with variant ``VARIANT``. Rank 0 answers with one JSON line:
-``{"seconds": ...}``, the slowest rank's time per allreduce.
+``{"seconds": ..., "cpu_seconds": ...}``, the slowest rank's time per allreduce and the
+largest process CPU time (every thread of it) a rank spent per allreduce.
 
 ``ITERATIONS`` 0 measures the variant's error instead: every rank allreduces once random
 normal float32 data of its own seed (its rank), and rank 0 answers ``{"max_rel_error": ...}``:
@@ -190,12 +191,14 @@ def serve(engine: Engine) -> None:
             engine.allreduce(x, variant)
             warm.add((nbytes, variant))
         engine.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(iterations):
             engine.allreduce(x, variant)
+        cpu = (time.process_time() - cpu) / iterations
         seconds = engine.slowest((time.perf_counter() - start) / iterations)
+        cpu = engine.slowest(cpu)
         if engine.rank == 0:
-            print(json.dumps({"seconds": seconds}), flush=True)
+            print(json.dumps({"seconds": seconds, "cpu_seconds": cpu}), flush=True)
 
 
 def _random(rank: int, nbytes: int) -> np.ndarray:

@@ -24,6 +24,7 @@ COLUMNS = [
     "iterations",
     "median_ms",
     "min_ms",
+    "cpu_ms",
     "ring_bytes_per_rank",
     "bus_gb_per_s",
     "ring_bound_ms",
@@ -38,11 +39,13 @@ LEGEND = (
     "link: loopback or the profile of every rank's own link; placed: where the ranks ran "
     "(netns: each in its own namespace behind its link); bytes: float32 per rank; "
     "iterations: allreduces per trial; median_ms / min_ms: wall time of one allreduce (the "
-    "slowest rank's, a trial's mean), median / least over trials; ring_bytes_per_rank: "
-    "2(N-1)/N x bytes, the least each rank must send; bus_gb_per_s: that / median; "
-    "ring_bound_ms: that at the link's rate; vs_ring_bound: median / ring_bound_ms; "
-    "vs_gloo, vs_mpi: median / gloo's, / mpi-tcp's in the same link (below 1 is faster); "
-    "max_rel_error: one allreduce of random data, largest error / largest exact sum."
+    "slowest rank's, a trial's mean), median / least over trials; cpu_ms: the process CPU "
+    "time (all its threads) per allreduce of the busiest rank, median over trials (MPI spins "
+    "while it waits); ring_bytes_per_rank: 2(N-1)/N x bytes, the least each rank must send; "
+    "bus_gb_per_s: that / median; ring_bound_ms: that at the link's rate; vs_ring_bound: "
+    "median / ring_bound_ms; vs_gloo, vs_mpi: median / gloo's, / mpi-tcp's in the same link "
+    "(below 1 is faster); max_rel_error: one allreduce of random data, largest error / "
+    "largest exact sum."
 )
 
 

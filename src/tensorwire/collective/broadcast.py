@@ -18,6 +18,7 @@ from tensorwire.collective.ring import segment_bounds
 
 def tree(opn: Operation, flat: np.ndarray, root: int, rank: int, size: int) -> None:
     """Fill ``flat`` on every rank with the root's (binomial tree)."""
+    opn.read_inline(flat.nbytes)
     virtual = (rank - root) % size
     mask = 1
     while mask < size:

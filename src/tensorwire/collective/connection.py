@@ -1,6 +1,16 @@
 """The connection from one rank to another: a thread that sends what operations post (and a
 heartbeat when idle), and a thread that reads everything the peer sends.
 
+A small piece posted when nothing else is queued or going out is sent by the operation's own
+thread (:meth:`RankConnection.send`): a hand-over to the sender thread costs a thread wake-up
+per message, more than the send itself. Bigger ones go through the sender, so that an
+operation keeps receiving (and reducing) while its pieces go out.
+
+An operation on small tensors reads its links itself (see
+:mod:`~tensorwire.collective.inline_reads`): the reader steps aside when asked
+(:meth:`RankConnection.hand_over`) and takes the link back once no operation has read it
+for a heartbeat's time, or when an operation gives it back.
+
 The reader never stops reading, so a peer's sends never block on this rank being busy, and a
 closed connection, an abort notice or a bye is seen at once, whatever the operation waits on.
 An operation can say where a coming data message belongs (:meth:`RankConnection.expect`): the
@@ -9,6 +19,7 @@ reader then decodes it straight into that array.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -36,6 +47,19 @@ from tensorwire.transports.sockets import (
 from tensorwire.wire import EncodedMessage, Message
 
 _X = ("x",)  # the path of a data message's one tensor
+INLINE_BYTES = 256 << 10
+"""Messages up to this size are sent by the posting thread when the link is idle: the
+kernel's socket buffer takes them at once (a peer's reader always drains it)."""
+
+
+def _over_loopback(sock: socket.socket) -> bool:
+    """True when ``sock`` (or the socket under a sealed stream) is connected to a loopback
+    address (its bytes stay in memory)."""
+    try:
+        raw = getattr(sock, "sock", sock)  # a TlsStream's socket
+        return ipaddress.ip_address(raw.getpeername()[0]).is_loopback
+    except (OSError, ValueError, TypeError, IndexError):  # not an IP socket, or gone
+        return False
 
 
 class RankConnection:
@@ -51,13 +75,19 @@ class RankConnection:
     ) -> None:
         self.peer = peer
         self.sock = sock
+        self.loopback = _over_loopback(sock)
+        # checksum="auto" adds digests where bytes leave memory unchecked: not over loopback,
+        # nor on a sealed link (each record's AEAD tag already proves its bytes)
+        self.checked = self.loopback or hasattr(sock, "getpeercert")
         self._reader = reader
         self._state = state
         self._heartbeat = heartbeat
         self._work = threading.Condition(state.lock)  # the sender waits on it
         self._outbox: deque[tuple[EncodedMessage, float | None, bool]] = deque()
-        self.posted = 0  # messages posted to the outbox so far
+        self.posted = 0  # messages posted to the outbox (or sent at once) so far
         self.sent = 0  # ... of which sent (or dropped after a failure)
+        self._sending = False  # a thread is sending on the socket
+        self._last_sent = time.monotonic()
         self.inbox: deque[Message] = deque()  # data messages not yet taken
         self.taken = 0  # data messages taken from the inbox so far
         self._arrived = 0  # data messages read so far
@@ -69,6 +99,10 @@ class RankConnection:
         self.said_bye = False  # the peer closed the group, done with what it had started
         self.fenced = 0  # elastic mode: the last fence the peer sent (see messages.FENCE)
         self._stopping = False
+        self.op_reads = False  # the operation's thread reads this link (the reader steps aside)
+        self.reader_parked = False  # ... and the reader has stepped aside
+        self.reader_done = False  # the reader saw the link's end (or a bad message)
+        self._resume = threading.Condition(state.lock)  # a parked reader waits on it
         self._wake_r, self._wake_w = waker()
         self._threads = [
             threading.Thread(
@@ -92,6 +126,35 @@ class RankConnection:
             self._work.notify()
             return self.posted
 
+    def send(self, enc: EncodedMessage, deadline: float | None) -> int:
+        """:meth:`post` a data message, sent by this thread when it is small and the link
+        idle (nothing queued or going out); returns its ticket."""
+        state = self._state
+        with self._work:
+            small = enc.nbytes <= INLINE_BYTES
+            while small and self._sending and not self._outbox and not self._stopping:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break  # queued: the sender's send runs out of time, and says so
+                self._work.wait(left)  # a heartbeat (or the sender's last piece) going out
+            if self._outbox or self._sending or not small:
+                self._outbox.append((enc, deadline, False))
+                self.posted += 1
+                self._work.notify()
+                return self.posted
+            self._sending = True
+            self.posted += 1
+            ticket = self.posted
+            dropped = state.failure is not None
+        if not dropped:
+            self._transmit(enc, deadline)
+        with self._work:
+            self._sending = False
+            self.sent += 1
+            if self._outbox or self._stopping:
+                self._work.notify()
+        return ticket
+
     def notify(self) -> None:
         """Wake the sender to look at the group's state again (call holding the lock)."""
         self._work.notify()
@@ -104,6 +167,8 @@ class RankConnection:
             self._next_expected = index + 1
             if index >= self._arrived:
                 self._expected[index] = buf
+            if self.reader_parked or index != self._arrived:
+                return  # the reader looks for it as that message begins
         wake(self._wake_w)
 
     def take(self) -> Message:
@@ -113,18 +178,34 @@ class RankConnection:
 
     # -- the two threads ---------------------------------------------------------------
 
+    def _transmit(self, enc: EncodedMessage, deadline: float | None) -> None:
+        """Send ``enc`` on the socket (one thread at a time: see :attr:`_sending`)."""
+        state = self._state
+        try:
+            send_encoded(self.sock, enc, deadline)
+        except TransportTimeout:
+            what = f"took no more of what rank {state.rank} sent it"
+            state.fail(state.blame(self.peer, state.seq, what), tell=True)
+        except PeerGone:
+            pass  # the reader sees the end too, after any abort notice sent before it
+        self._last_sent = time.monotonic()
+
     def _send_loop(self) -> None:
         state = self._state
-        last_sent = time.monotonic()
         while True:
             with self._work:
-                while not self._outbox and not self._stopping:
-                    idle = time.monotonic() - last_sent
+                while True:
+                    if self._sending:  # an operation's thread is sending: it notifies
+                        self._work.wait(self._heartbeat)
+                        continue
+                    if self._outbox:
+                        break
+                    if self._stopping:
+                        return
+                    idle = time.monotonic() - self._last_sent
                     if idle >= self._heartbeat:
                         break
                     self._work.wait(self._heartbeat - idle)
-                if self._stopping and not self._outbox:
-                    return
                 if self._outbox:
                     enc, deadline, control = self._outbox.popleft()
                     counted = True
@@ -132,36 +213,82 @@ class RankConnection:
                     enc, deadline, control = messages.beat(state.seq), None, True
                     counted = False
                 dropped = state.failure is not None and not control
+                self._sending = True
             if not dropped:
-                try:
-                    send_encoded(self.sock, enc, deadline)
-                except TransportTimeout:
-                    what = f"took no more of what rank {state.rank} sent it"
-                    state.fail(state.blame(self.peer, state.seq, what), tell=True)
-                except PeerGone:
-                    pass  # the reader sees the end too, after any abort notice sent before it
-                last_sent = time.monotonic()
-            if counted:
-                with self._work:
+                self._transmit(enc, deadline)
+            with self._work:
+                self._sending = False
+                if counted:
                     self.sent += 1
-                    state.changed.notify_all()
+                self._work.notify_all()  # an operation's thread waiting to send
+                state.notify()
+
+    def _read(self, deadline: float | None, wake_r: socket.socket | None) -> Message | None:
+        """The next message, decoded into the array expected for it if there is one; None
+        when woken through ``wake_r``, or by ``deadline`` (what came of a message is kept);
+        None too when the link ended or sent garbage (the group is told)."""
+        state = self._state
+        with state.lock:
+            into = self._expected.get(self._arrived)
+        self._reader.stream.set_out({_X: into} if into is not None else None)
+        try:
+            return self._reader.read_message(deadline, wake=wake_r)
+        except (ReadInterrupted, TransportTimeout):
+            return None  # woken (a new expect(), or asked to step aside), or nothing more yet
+        except WireError as exc:
+            self.reader_done = True
+            state.fail(RankFailed(self.peer, f"sent an invalid message: {exc}"), tell=True)
+        except PeerGone as exc:
+            self.reader_done = True
+            self._lost(f"its connection closed ({exc})")
+        return None
 
     def _read_loop(self) -> None:
+        while not self.reader_done:
+            self._wait_turn()
+            msg = self._read(None, self._wake_r)
+            if msg is not None:
+                self._received(msg)
+        with self._state.lock:
+            self.reader_done = True
+            self._state.notify()
+
+    def _wait_turn(self) -> None:
+        """Step aside while the operation's thread reads the link. Closing, the reader
+        reads on to the end: a socket closed with bytes unread would reset the peer's."""
         state = self._state
-        stream = self._reader.stream
-        while True:
-            with state.lock:
-                into = self._expected.get(self._arrived)
-            stream.set_out({_X: into} if into is not None else None)
-            try:
-                msg = self._reader.read_message(None, wake=self._wake_r)
-            except ReadInterrupted:
-                continue  # a new expect(): look again where the next message goes
-            except WireError as exc:
-                state.fail(RankFailed(self.peer, f"sent an invalid message: {exc}"), tell=True)
-                return
-            except PeerGone as exc:
-                self._lost(f"its connection closed ({exc})")
+        with state.lock:
+            while self.op_reads and not self._stopping:
+                self.reader_parked = True
+                state.notify()
+                self._resume.wait(self._heartbeat)
+                if not state.polling and time.monotonic() - state.inline_at >= self._heartbeat:
+                    self.op_reads = False  # no operation read it for a while: take it back
+            self.op_reads = False
+            self.reader_parked = False
+
+    # -- reading by the operation's thread ----------------------------------------------
+
+    def hand_over(self) -> bool:
+        """Ask the reader to step aside (call holding the lock); True once the operation's
+        thread may read the link with :meth:`read_ready`."""
+        if not self.op_reads:
+            self.op_reads = True
+            wake(self._wake_w)
+        return self.reader_parked and not self.reader_done
+
+    def give_back(self) -> None:
+        """Let the reader read the link again (call holding the lock)."""
+        if self.op_reads:
+            self.op_reads = False
+            self._resume.notify()
+
+    def read_ready(self) -> None:
+        """Read every whole message already there, without waiting (the operation's
+        thread, once :meth:`hand_over` said it may)."""
+        while not self.reader_done:
+            msg = self._read(time.monotonic(), None)
+            if msg is None:
                 return
             self._received(msg)
 
@@ -188,7 +315,7 @@ class RankConnection:
                 self.said_bye = True
             elif msg.kind == messages.FENCE:
                 self._fenced(int(meta.get("seq", 0)))
-            state.changed.notify_all()
+            state.notify()
 
     def _fenced(self, seq: int) -> None:
         """Elastic mode: the peer sent all it will send of a failed attempt; what came of it
@@ -208,7 +335,7 @@ class RankConnection:
             if self.gone is None:  # told: the others may see this rank's end before the peer's
                 state.fail(RankFailed(self.peer, reason), tell=True)
             self.gone = self.gone or reason
-            state.changed.notify_all()
+            state.notify()
 
     # -- closing ------------------------------------------------------------------------
 
@@ -222,6 +349,7 @@ class RankConnection:
         with self._work:
             self._stopping = True
             self._work.notify()
+            self._resume.notify()
         self._threads[0].join(timeout)
         shutdown(self.sock)
         self.sock.close()

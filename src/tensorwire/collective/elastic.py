@@ -49,7 +49,7 @@ class ViewOperation(Operation):
         state: GroupState,
         sig: str,
         timeout: float,
-        checksum: bool,
+        checksum: bool | str,
         members: tuple[int, ...],
     ) -> None:
         super().__init__(state, sig, timeout, checksum)

@@ -370,6 +370,7 @@ class Group:
                 return
             self._state.closing = True  # from here on, connections ending are no failure
         self._mesh.close(CLOSE_S)
+        self._state.close()
 
     def __enter__(self) -> Group:
         return self

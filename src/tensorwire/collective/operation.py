@@ -9,7 +9,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from tensorwire.collective import messages
+from tensorwire.collective import inline_reads, messages
 from tensorwire.collective.connection import RankConnection
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import CollectiveMismatch, RankFailed
@@ -18,7 +18,7 @@ from tensorwire.errors import CollectiveMismatch, RankFailed
 class Operation:
     """An operation named by ``sig`` with ``timeout`` seconds to complete on this rank."""
 
-    def __init__(self, state: GroupState, sig: str, timeout: float, checksum: bool) -> None:
+    def __init__(self, state: GroupState, sig: str, timeout: float, checksum: bool | str) -> None:
         state.check()
         with state.lock:
             state.seq += 1
@@ -28,15 +28,28 @@ class Operation:
         self._state = state
         self._checksum = checksum
         self._tickets: dict[int, int] = {}
+        self._inline = False  # this thread reads the links (see inline_reads)
+
+    def read_inline(self, nbytes: int) -> None:
+        """This operation moves pieces of ``nbytes``: when small, its thread reads its
+        links itself (:mod:`~tensorwire.collective.inline_reads`)."""
+        self._inline = nbytes <= inline_reads.INLINE_READ_BYTES
+
+    def spares(self, count: int, n: int, dtype: np.dtype) -> list[np.ndarray]:
+        """``count`` arrays of ``n`` elements of ``dtype`` to receive into, kept by the
+        group from one operation to the next (see :meth:`GroupState.spares`)."""
+        return self._state.spares(count, n, dtype)
 
     def _connection(self, peer: int) -> RankConnection:
         return self._state.connections[peer]
 
     def send(self, peer: int, piece: np.ndarray) -> None:
         """Queue ``piece`` for ``peer``; it must stay unchanged until :meth:`wait_sent`."""
-        enc = messages.data(piece, self.seq, self.sig, self._checksum)
+        conn = self._connection(peer)
+        digest = self._checksum is True or (self._checksum == "auto" and not conn.checked)
+        enc = messages.data(piece, self.seq, self.sig, digest)
         self._state.bytes_sent += enc.nbytes
-        self._tickets[peer] = self._connection(peer).post(enc, self.deadline)
+        self._tickets[peer] = conn.send(enc, self.deadline)
 
     def expect(self, peer: int, buf: np.ndarray) -> None:
         """The next piece from ``peer`` not yet expected belongs in ``buf``."""
@@ -89,6 +102,10 @@ class Operation:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise state.fail(state.blame(peer, self.seq, what), tell=True)
+        if self._inline:
+            inline_reads.wait(state, self.deadline)
+            return
+        inline_reads.give_back(state)
         state.changed.wait(left)
 
     def _mismatch(self, peer: int, theirs: str) -> NoReturn:

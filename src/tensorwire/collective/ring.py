@@ -18,6 +18,9 @@ import numpy as np
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.reduce import combine
 
+SPARES = 3
+"""Buffers a reduce-scatter receives its pieces into, in turn (kept by the group)."""
+
 
 def segment_bounds(n: int, size: int) -> list[int]:
     """Where each of ``size`` near-equal segments of ``n`` elements starts (and the end)."""
@@ -48,13 +51,25 @@ def reduce_scatter(
     right, left = (rank + 1) % size, (rank - 1) % size
     for part in pieces(bounds, (rank - 1) % size, piece):
         opn.send(right, flat[part])
-    for step in range(size - 1):
-        forward = step < size - 2
-        for part in pieces(bounds, (rank - step - 2) % size, piece):
-            acc = flat[part]
-            combine(op, acc, opn.recv(left, size=acc.size))
-            if forward:
-                opn.send(right, acc)
+    incoming = [
+        part for step in range(size - 1) for part in pieces(bounds, (rank - step - 2) % size, piece)
+    ]
+    # the last segment (this rank's own) goes no further
+    forwarded_until = len(incoming) - len(list(pieces(bounds, rank, piece)))
+    # pieces arrive in the group's spare buffers taken in turn, each expected again once
+    # reduced: no fresh array (and its page faults) per piece. One that began to arrive
+    # before it was expected is reduced from where it landed.
+    spare = opn.spares(min(SPARES, len(incoming)), min(piece, flat.size), flat.dtype)
+    for i, part in enumerate(incoming[: len(spare)]):
+        opn.expect(left, spare[i][: part.stop - part.start])
+    for i, part in enumerate(incoming):
+        acc = flat[part]
+        combine(op, acc, opn.recv(left, size=acc.size))
+        if i + len(spare) < len(incoming):
+            after = incoming[i + len(spare)]
+            opn.expect(left, spare[i % len(spare)][: after.stop - after.start])
+        if i < forwarded_until:
+            opn.send(right, acc)
     opn.wait_sent()
     return bounds
 

@@ -9,8 +9,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tensorwire.collective import messages
 from tensorwire.errors import CollectiveError, CollectiveMismatch, RankFailed
+from tensorwire.transports.sockets import wake, waker
 from tensorwire.wire import EncodedMessage
 
 if TYPE_CHECKING:
@@ -47,11 +50,37 @@ class GroupState:
         self.failure: CollectiveError | None = None
         self.closing = False
         self.refusals: deque[tuple[str, str]] = deque(maxlen=MAX_REFUSALS)
+        # an operation that reads its links itself waits in poll, not on ``changed``
+        # (see :mod:`~tensorwire.collective.inline_reads`): woken through this pair
+        self.polling = False
+        self.inline_at = 0.0  # when an operation last read its links itself
+        self.wake_r, self.wake_w = waker()
+        self._spares: tuple[tuple[int, int, np.dtype], list[np.ndarray]] | None = None
 
     def add_connection(self, conn: RankConnection) -> None:
         with self.lock:
             self.connections[conn.peer] = conn
             self.changed.notify_all()
+
+    def spares(self, count: int, n: int, dtype: np.dtype) -> list[np.ndarray]:
+        """``count`` arrays of ``n`` elements of ``dtype`` for the operation in progress to
+        receive into: the last ones asked for, when they were the same (fresh memory costs
+        a page fault per page touched; the group keeps these few buffers)."""
+        key = (count, n, np.dtype(dtype))
+        if self._spares is None or self._spares[0] != key:
+            self._spares = (key, [np.empty(n, dtype) for _ in range(count)])
+        return self._spares[1]
+
+    def notify(self) -> None:
+        """Wake the operation's thread to look at the state again (call holding the lock)."""
+        self.changed.notify_all()
+        if self.polling:
+            wake(self.wake_w)
+
+    def close(self) -> None:
+        """Free the operation's waker (the group is closed)."""
+        self.wake_r.close()
+        self.wake_w.close()
 
     def check(self) -> None:
         """Raise the group's failure, if it has one."""
@@ -70,7 +99,7 @@ class GroupState:
                 notice = abort_notice(exc)
                 for conn in self.connections.values():
                     conn.post(notice, time.monotonic() + ABORT_SEND_S, control=True)
-            self.changed.notify_all()
+            self.notify()
             for conn in self.connections.values():
                 conn.notify()
             return exc
