@@ -64,6 +64,15 @@ def _step_over(ranks: Ranks, rank: int, over: list[int], after: float = 0.0) -> 
             return line
 
 
+def _rejoined(ranks: Ranks) -> None:
+    """The restarted victim joins, and from then on every rank's steps include it, over
+    sealed links (the rejoined rank's too, on every rank)."""
+    ranks.until(VICTIM, "ready", T)
+    joined = time.monotonic()
+    for rank in range(SIZE):
+        _step_over(ranks, rank, list(range(SIZE)), after=joined)
+
+
 def _stop_all(ranks: Ranks, stop: Path) -> None:
     stop.touch()
     for rank in range(SIZE):
@@ -85,10 +94,10 @@ def test_a_keyed_elastic_group_drops_a_killed_rank_and_rejoins_it_over_sealed_li
                 line, _ = ranks.until(rank, "step", T)
                 assert line["ok"] and line["sealed"] and line["over"] == left, line
         ranks.restart(VICTIM)
-        ranks.until(VICTIM, "ready", T)
-        joined = time.monotonic()
-        for rank in range(SIZE):  # the rejoined rank's links are sealed too, on every rank
-            _step_over(ranks, rank, list(range(SIZE)), after=joined)
+        _rejoined(ranks)
+        ranks.procs[VICTIM].kill()
+        ranks.restart(VICTIM)  # at once, as the same client id: it replaces its predecessor
+        _rejoined(ranks)
         coordinator = ranks.rendezvous.coordinator if ranks.rendezvous else None
         assert coordinator is not None and not coordinator.refusals, coordinator
         _stop_all(ranks, stop)
