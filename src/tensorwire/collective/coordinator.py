@@ -342,7 +342,9 @@ class Coordinator:
         for j in joiners:
             self._welcome(j, late=True)
         for r in sorted(set(reports) & gone):
-            self._send(self._members[r].client, {"verdict": "dropped", "reason": why[r]})
+            member = self._members[r]
+            if not self._taken_over(member.client, member.key):
+                self._send(member.client, {"verdict": "dropped", "reason": why[r]})
 
     def _admit(self) -> list[int]:
         """The ranks waiting to rejoin that enter the view now: those still connected whose
