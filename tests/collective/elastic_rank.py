@@ -1,12 +1,14 @@
 """One rank of a test elastic group, in its own process (or the group's coordinator).
 
-    python elastic_rank.py train URL RANK SIZE STOPFILE
+    python elastic_rank.py train URL RANK SIZE STOPFILE [CERTS]
     python elastic_rank.py coordinator - 0 1 SIZE
 
 ``train``: joins the elastic group at URL and allreduces a large "gradient" (every element
 ``member + 1``, so the sum tells which ranks it was over) step after step, printing one
-JSON line per step: the ranks the step completed over and whether the sum is theirs; the
-last element carries "stop" (STOPFILE exists on some rank), so that all stop at one step.
+JSON line per step: the ranks the step completed over, whether the sum is theirs and whether
+every link is sealed (TLS); the last element carries "stop" (STOPFILE exists on some rank),
+so that all stop at one step. With CERTS (a directory ``tensorwire certs`` wrote) the rank
+joins with those credentials.
 ``coordinator``: serves an elastic rendezvous on loopback and prints its URL. Bounded: every
 operation has a deadline and the process gives up after 300 s.
 """
@@ -23,6 +25,7 @@ import numpy as np
 
 from tensorwire.collective import Group, Rendezvous
 from tensorwire.errors import CollectiveError
+from tensorwire.transports.sockets import TlsStream
 
 FAULT_TIMEOUT = 4.0  # seconds: each operation's deadline
 GRADIENT = 8 << 20  # bytes: a ring allreduce of this is mid-flight most of the time
@@ -32,7 +35,7 @@ def say(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def train(url: str, rank: int, size: int, stop: str) -> None:
+def train(url: str, rank: int, size: int, stop: str, certs: str | None = None) -> None:
     group = Group.join(
         url,
         rank=rank,
@@ -42,6 +45,7 @@ def train(url: str, rank: int, size: int, stop: str) -> None:
         heartbeat=0.25,
         timeout=FAULT_TIMEOUT,
         connect_timeout=60,
+        credentials=certs,
     )
     say(ready=rank, members=list(group.members))
     try:
@@ -51,7 +55,8 @@ def train(url: str, rank: int, size: int, stop: str) -> None:
             group.allreduce(x)
             over = list(group.last_members)
             ok = bool((x[:-1] == sum(m + 1 for m in over)).all())
-            say(step=step, over=over, ok=ok, t=time.monotonic())
+            sealed = all(isinstance(c.sock, TlsStream) for c in group._state.connections.values())
+            say(step=step, over=over, ok=ok, sealed=sealed, t=time.monotonic())
             if x[-1] > 0:
                 break
     except CollectiveError as exc:
@@ -75,7 +80,7 @@ def main(argv: list[str]) -> int:
     if scenario == "coordinator":
         coordinator(int(argv[5]))
     else:
-        train(url, rank, size, argv[5])
+        train(url, rank, size, argv[5], argv[6] if len(argv) > 6 else None)
     return 0
 
 

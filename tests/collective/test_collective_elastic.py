@@ -173,12 +173,3 @@ def test_rank_0_serves_the_coordinator_by_default_and_a_mean_is_over_the_view() 
     for t in threads:
         t.join(60)
     assert results == {r: ([2.0] * 8, (0, 1, 2), r, 3) for r in range(3)}
-
-
-def test_elastic_with_credentials_is_refused_rather_than_run_in_the_clear(tmp_path: Path) -> None:
-    from tensorwire.collective import Rendezvous
-
-    with pytest.raises(ValueError, match="elastic group does not take credentials yet"):
-        Group.join("mem://elastic-secured", rank=0, size=2, elastic=True, credentials=tmp_path)
-    with pytest.raises(ValueError, match="elastic group does not take credentials yet"):
-        Rendezvous("tcp://127.0.0.1:0", 2, elastic=True, credentials=tmp_path)

@@ -25,10 +25,11 @@ What exists now:
   (``rank-N``: a certificate and/or a secret from ``tensorwire certs``); the rendezvous
   admits enrolled ranks only, and every link is TLS 1.3 with sealed records on which each
   rank proves which rank it is. Without credentials a connection without the group's token
-  is refused, and the traffic is in the clear.
+  is refused, and the traffic is in the clear. Elastic groups take them too: the
+  coordinator admits enrolled ranks only, and gives out link keys (fresh ones for a rank
+  that rejoins) sealed under each rank's secret.
 
-Still to come (issue #26): credentials for elastic groups (refused with a ValueError today);
-links over quic and ucx.
+Still to come (issue #26): links over quic and ucx.
 
 torch.distributed's backend ``"tensorwire"`` registers when
 ``tensorwire.collective.torch_backend`` is imported (not from here: it imports torch); its

@@ -18,6 +18,12 @@ the culprit; the coordinator answers every rank once each has reported or been n
 
 A report or hello that does not check out (garbage, a wrong key, a rank's report from a
 client that is not that rank's) is refused, logged and counted in :attr:`refusals`.
+
+On a hub served with credentials (``secured``) a rank must come as client id ``rank-N`` for
+the rank it claims; with the enrolment's ``keys`` the coordinator makes a key for every pair
+of ranks and sends each rank its own sealed under its secret
+(:mod:`~tensorwire.collective.credentials`): in its welcome, and, for a pair with a rank
+that rejoins (fresh keys), in the verdict that tells the members to dial it.
 """
 
 from __future__ import annotations
@@ -31,8 +37,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from tensorwire.collective.credentials import (
+    LINK_KEY_BYTES,
+    make_link_keys,
+    rank_id,
+    seal_link_keys,
+)
 from tensorwire.errors import TransportError
 from tensorwire.transports import Hub
+from tensorwire.transports.security import Keys
 
 log = logging.getLogger("tensorwire.collective")
 
@@ -64,14 +77,24 @@ class Coordinator:
     """Decides the view of a ``size``-rank elastic group on ``hub`` (see the module doc);
     gives up gathering the first ranks after ``timeout`` seconds. :meth:`run` is its loop."""
 
-    def __init__(self, hub: Hub, size: int, timeout: float) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        size: int,
+        timeout: float,
+        secured: bool = False,
+        keys: Keys | None = None,
+    ) -> None:
         self.size = size
         self._hub = hub
+        self._secured = secured
+        self._keys = keys  # the ranks' secrets: their link keys are sealed under them
+        self._pairs: list[list[bytes]] = [[b""] * size for _ in range(size)]
         self._timeout = timeout
         self._token = secrets.token_hex(16)
         self._members: dict[int, _Member] = {}  # by rank: the latest process of each
         self._pending: dict[int, _Member] = {}  # ranks waiting to rejoin
-        self._dropped: dict[str, str] = {}  # client id -> why it was dropped
+        self._dropped: dict[str, str] = {}  # a dropped process's key -> why it was dropped
         self._reports: dict[int, _Report] = {}
         self._deadline: float | None = None  # for the current operation's reports
         self._seq = 0  # the wire sequence number the ranks set at the last verdict
@@ -124,6 +147,8 @@ class Coordinator:
             else:
                 self._members[hello[0]] = hello[1]
         self.view = sorted(self._members)
+        if self._keys is not None:
+            self._pairs = make_link_keys(self.size)
         for rank in self.view:
             self._welcome(rank, late=False)
         return True
@@ -139,6 +164,8 @@ class Coordinator:
             return f"rank={rank!r} is not in 0..{self.size - 1}"
         if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
             return f"its listener ({host!r}, {port!r}) is not an address"
+        if self._secured and client != rank_id(rank):
+            return f"it is enrolled as {client!r}, not as {rank_id(rank)!r}"
         return rank, _Member(client, secrets.token_hex(16), host, port)
 
     def _welcome(self, rank: int, late: bool) -> None:
@@ -155,7 +182,24 @@ class Coordinator:
             "seq": self._seq,
             "late": late,
         }
-        self._send(self._members[rank].client, answer)
+        self._send(self._members[rank].client, self._sealed(rank, answer, view))
+
+    def _sealed(self, rank: int, answer: dict[str, Any], peers: list[int]) -> dict[str, Any]:
+        """``answer`` with rank ``rank``'s link keys with ``peers`` sealed under its secret
+        (as it is, without the enrolment's keys or that rank's secret)."""
+        client = self._members[rank].client
+        secret = None if self._keys is None else self._keys.get(client)
+        if secret is None:
+            return answer
+        mine = [self._pairs[rank][p] if p in peers and p != rank else b"" for p in range(self.size)]
+        return {**answer, "keys": seal_link_keys(secret, rank, self._token, mine)}
+
+    def _fresh_keys(self, joiners: list[int]) -> None:
+        """New keys for every pair with a rank that rejoins (its predecessor's are stale)."""
+        for j in joiners:
+            for m in self.view:
+                if m != j:
+                    self._pairs[j][m] = self._pairs[m][j] = secrets.token_bytes(LINK_KEY_BYTES)
 
     # -- messages -----------------------------------------------------------------------
 
@@ -173,15 +217,19 @@ class Coordinator:
             return self._refuse(client, hello)
         rank, member = hello
         waiting = self._pending.get(rank)
-        if waiting is not None and waiting.client in self._hub.clients:
+        # a secured rank's restart comes as the same client id: the hub replaced the old
+        if waiting is not None and waiting.client != client and waiting.client in self._hub.clients:
             return self._refuse(client, f"rank {rank} is waiting to rejoin already")
         self._pending[rank] = member
         log.info("coordinator: rank %d waits to rejoin (at the next commit)", rank)
 
     def _report(self, client: str, meta: dict[str, Any]) -> None:
         rank, key = meta.get("rank"), meta.get("key")
-        if client in self._dropped:
-            self._send(client, {"verdict": "dropped", "reason": self._dropped[client]})
+        if isinstance(key, str) and key in self._dropped:
+            if self._taken_over(client, key):  # its restart has its client id: tell it nothing
+                log.warning("coordinator: a dropped %r reported after its restart came", client)
+                return
+            self._send(client, {"verdict": "dropped", "reason": self._dropped[key]})
             return
         member = self._members.get(rank) if isinstance(rank, int) else None
         if (
@@ -215,6 +263,12 @@ class Coordinator:
         )
         if self._deadline is None:
             self._deadline = time.monotonic() + timeout + GRACE_S
+
+    def _taken_over(self, client: str, key: str) -> bool:
+        """Whether another process (one that rejoined or waits to) has ``client``'s id now:
+        a secured rank's restart comes as the same id, and the hub then sends it all."""
+        others = [*self._members.values(), *self._pending.values()]
+        return any(m.client == client and m.key != key for m in others)
 
     def _refuse(self, client: str, why: str) -> None:
         log.warning("coordinator refused a message from %r: %s", client, why)
@@ -264,13 +318,15 @@ class Coordinator:
             self.view = []
             return
         for m in sorted(gone):
-            self._dropped[self._members[m].client] = why[m]
+            self._dropped[self._members[m].key] = why[m]
             log.warning("coordinator: rank %d leaves the group: %s", m, why[m])
         commit = all(r.ok for r in reports.values())
         self.view = left
         joiners = self._admit() if commit else []
         if commit:
             self.op += 1
+        if joiners and self._keys is not None:
+            self._fresh_keys(joiners)
         verdict = {
             "verdict": "commit" if commit else "redo",
             "op": op,
@@ -282,11 +338,13 @@ class Coordinator:
             "ports": [self._members[j].port for j in joiners],
         }
         for m in left:
-            self._send(self._members[m].client, verdict)
+            self._send(self._members[m].client, self._sealed(m, verdict, joiners))
         for j in joiners:
             self._welcome(j, late=True)
         for r in sorted(set(reports) & gone):
-            self._send(self._members[r].client, {"verdict": "dropped", "reason": why[r]})
+            member = self._members[r]
+            if not self._taken_over(member.client, member.key):
+                self._send(member.client, {"verdict": "dropped", "reason": why[r]})
 
     def _admit(self) -> list[int]:
         """The ranks waiting to rejoin that enter the view now: those still connected whose

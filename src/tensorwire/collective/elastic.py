@@ -12,6 +12,7 @@ is over the ranks left. A rank out of the view raises :class:`~tensorwire.errors
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -22,17 +23,14 @@ from tensorwire.collective import messages
 from tensorwire.collective.arrays import as_array
 from tensorwire.collective.compression import Compression, CompressionMethod
 from tensorwire.collective.coordination import Coordination, Verdict, Welcome
+from tensorwire.collective.credentials import rank_credentials
 from tensorwire.collective.group import AllreduceAlgorithm, Group
+from tensorwire.collective.link import LinkSecurity
 from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import ReduceOp
-from tensorwire.collective.rendezvous import (
-    ELASTIC_WITHOUT_CREDENTIALS,
-    Address,
-    Rendezvous,
-    address_toward,
-)
+from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import CollectiveError, RankFailed
 from tensorwire.wire import Limits
@@ -80,8 +78,10 @@ class ElasticGroup(Group):
         coordination: Coordination,
         welcome: Welcome,
         rendezvous: Rendezvous | None,
+        security: LinkSecurity,
     ) -> None:
         super().__init__(state, mesh, options, address)
+        self._security = security
         self.member = state.rank
         """The rank this process joined as (the view's ranks are these)."""
         self.members: tuple[int, ...] = ()
@@ -227,6 +227,7 @@ class ElasticGroup(Group):
         if verdict.fence:
             self._fence = (verdict.seq, [c.peer for c in kept])
         deadline = time.monotonic() + timeout
+        self._security.rekey(verdict.link_keys or {})
         for joiner, address in sorted(verdict.joiners.items()):
             try:
                 self._mesh.dial(joiner, address, deadline)
@@ -276,22 +277,27 @@ def join(
     """:meth:`Group.join` with ``elastic=True``: meet at the coordinator at ``url`` (rank 0
     serves it unless ``serve`` says otherwise; it then lives as long as rank 0's group) and
     keep the channel to it. A rank that comes to a running group (restarted) waits for the
-    next operation the group completes, then the members dial it."""
-    if opts.credentials is not None:
-        raise ValueError(ELASTIC_WITHOUT_CREDENTIALS)
+    next operation the group completes, then the members dial it. With credentials the
+    coordinator is served and joined with them, and every link, a rejoining rank's too, is
+    sealed with the link keys it gives out (``docs/collective.md``)."""
+    creds = rank_credentials(opts.credentials, rank)
     rendezvous = None
     if serve if serve is not None else rank == 0:
-        rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout, elastic=True)
+        hub = opts.credentials if isinstance(opts.credentials, str | os.PathLike) else creds
+        rendezvous = Rendezvous(
+            url, size, timeout=opts.connect_timeout, elastic=True, credentials=hub
+        )
         url = rendezvous.url
     try:
         sock = listen(host or address_toward(url))
         address = sock.getsockname()[:2]
         try:
-            coordination = Coordination(url, rank, size, opts.connect_timeout)
+            coordination = Coordination(url, rank, size, opts.connect_timeout, creds)
             try:
                 welcome = coordination.hello(address, opts.connect_timeout)
                 state = GroupState(rank, size, opts.silence)
-                mesh = Mesh(state, welcome.token, opts.heartbeat, Limits())
+                security = LinkSecurity(rank, welcome.token, creds, welcome.link_keys)
+                mesh = Mesh(state, welcome.token, opts.heartbeat, Limits(), security)
                 others = [r for r in welcome.view if r != rank]
                 deadline = time.monotonic() + opts.connect_timeout
                 try:
@@ -312,4 +318,4 @@ def join(
         if rendezvous is not None:
             rendezvous.close()
         raise
-    return ElasticGroup(state, mesh, opts, address, coordination, welcome, rendezvous)
+    return ElasticGroup(state, mesh, opts, address, coordination, welcome, rendezvous, security)

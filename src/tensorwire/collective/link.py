@@ -127,6 +127,14 @@ class LinkSecurity:
         keys = Keys({rank_id(j): k for j, k in self._pairs.items()}) if self._pairs else None
         self._check = KeyAuthenticator(keys, require_tls_name=keys is None)
 
+    def rekey(self, link_keys: Mapping[int, bytes]) -> None:
+        """Take fresh link keys (other rank -> key) for the pairs they name: an elastic
+        group's coordinator gives them out with a rank that rejoins."""
+        if not self.sealed or not link_keys:
+            return
+        self._pairs.update(link_keys)
+        self._check.keys = Keys({rank_id(j): k for j, k in self._pairs.items()})
+
     # -- the listener's side --------------------------------------------------------------
 
     def accept(self, conn: socket.socket, deadline: float) -> socket.socket:

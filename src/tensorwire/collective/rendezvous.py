@@ -31,11 +31,6 @@ log = logging.getLogger("tensorwire.collective")
 
 Address = tuple[str, int]
 
-ELASTIC_WITHOUT_CREDENTIALS = (
-    "an elastic group does not take credentials yet: its coordinator and the links it makes "
-    "for rejoining ranks are not sealed; run it on a network you trust, or leave elastic off"
-)
-
 
 class Meeting(NamedTuple):
     """What a rank learns at the rendezvous: every rank's listener, the group's token, and
@@ -53,7 +48,8 @@ class Rendezvous:
     port the kernel picked when the given one was 0.
 
     ``elastic=True``: the hub is an elastic group's coordinator (:attr:`coordinator`), up
-    until :meth:`close`; the ranks join with ``elastic=True``.
+    until :meth:`close`; the ranks join with ``elastic=True`` (with credentials too: it
+    admits and gives out link keys the same way, for ranks that rejoin as well).
 
     ``credentials``: the hub's (a :class:`~tensorwire.transports.base.options.Credentials`,
     a :class:`~tensorwire.collective.GroupCredentials` with ``hub``, or a directory
@@ -69,8 +65,6 @@ class Rendezvous:
         elastic: bool = False,
         credentials: Any = None,
     ) -> None:
-        if elastic and credentials is not None:
-            raise ValueError(ELASTIC_WITHOUT_CREDENTIALS)
         self.size = size
         hub = hub_credentials(credentials)
         self._secured = hub is not None
@@ -84,7 +78,7 @@ class Rendezvous:
         if elastic:
             from tensorwire.collective.coordinator import Coordinator
 
-            self.coordinator = Coordinator(self._hub, size, timeout)
+            self.coordinator = Coordinator(self._hub, size, timeout, self._secured, self._keys)
             run = self.coordinator.run
         self._thread = threading.Thread(target=run, name="rendezvous", daemon=True)
         self._thread.start()
