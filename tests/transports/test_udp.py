@@ -809,7 +809,7 @@ def _payload(k: int, n: int = NFLOATS) -> np.ndarray:
     return np.random.default_rng(k).standard_normal(n).astype(np.float32)
 
 
-def test_ten_percent_random_loss_in_network_namespaces(capsys):
+def test_ten_percent_random_loss_in_network_namespaces():
     missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
     if os.geteuid() != 0 or missing:
         reason = f"needs root and ip/nft (root: {os.geteuid() == 0}, missing: {missing})"
@@ -827,17 +827,17 @@ def test_ten_percent_random_loss_in_network_namespaces(capsys):
     assert len(losses) >= MESSAGES - 1  # a message whose header copies were both lost is gone
     assert all(0.03 <= x <= 0.20 for x in losses), losses
     assert all(x <= 0.01 for x in be_client["neither"]), be_client
-    with capsys.disabled():
-        print(
-            f"\nudp at {LOSS_PERCENT}% loss, {MESSAGES} x {NFLOATS * 4 >> 20} MiB, {RATE}: "
-            f"reliable send {[round(s, 3) for s in rel_hub['send_s']]} s, "
-            f"{rel_hub['stats']['retransmits']} retransmits in "
-            f"{rel_hub['stats']['nack_rounds']} NACK rounds ({drops_reliable} dropped); "
-            f"best-effort {be_client['wall_s']:.3f} s (per message, encode to decoded: "
-            f"{[round(x, 3) for x in be_client['e2e_s']]} s), "
-            f"loss {[round(x, 4) for x in losses]} "
-            f"({drops_best_effort} dropped of {be_hub['stats']['datagrams_sent']})"
-        )
+    # the figures: shown with -s or -rP, not among pytest's progress dots
+    print(
+        f"\nudp at {LOSS_PERCENT}% loss, {MESSAGES} x {NFLOATS * 4 >> 20} MiB, {RATE}: "
+        f"reliable send {[round(s, 3) for s in rel_hub['send_s']]} s, "
+        f"{rel_hub['stats']['retransmits']} retransmits in "
+        f"{rel_hub['stats']['nack_rounds']} NACK rounds ({drops_reliable} dropped); "
+        f"best-effort {be_client['wall_s']:.3f} s (per message, encode to decoded: "
+        f"{[round(x, 3) for x in be_client['e2e_s']]} s), "
+        f"loss {[round(x, 4) for x in losses]} "
+        f"({drops_best_effort} dropped of {be_hub['stats']['datagrams_sent']})"
+    )
 
 
 RACE_LOSS_PERCENT = 20
@@ -859,7 +859,7 @@ def _pin(i: int) -> None:
 
 
 @pytest.mark.slow
-def test_best_effort_at_20_percent_loss_finishes_before_reliable(capsys):
+def test_best_effort_at_20_percent_loss_finishes_before_reliable():
     # 20 % of every packet both ways, TCP included. A reliable message pays NACK rounds over
     # that link. A best-effort one ends a grace period after its last datagram or "sent",
     # whichever comes first: "sent" may wait for TCP's retransmission timeout, and the grace
@@ -890,20 +890,18 @@ def test_best_effort_at_20_percent_loss_finishes_before_reliable(capsys):
     e2e = {m: float(np.median([t["e2e_s"] for t in rows])) for m, rows in by_mode.items()}
     send = {m: float(np.median([t["send_s"] for t in rows])) for m, rows in by_mode.items()}
     after = float(np.median([t["e2e_s"] - t["send_s"] for t in by_mode["best-effort"]]))
-    with capsys.disabled():
-        print(
-            f"\nudp, 8 MiB float32, {RACE_LOSS_PERCENT}% loss of every packet both ways, "
-            f"paced at {RATE}, medians of {RACE_TRIALS} interleaved trials: sent to decoded "
-            f"reliable {e2e['reliable']:.3f} s, best-effort {e2e['best-effort']:.3f} s "
-            f"(ratio {e2e['best-effort'] / e2e['reliable']:.2f}; its send "
-            f"{send['best-effort']:.3f} s, receiver done {after:.3f} s after it); each: "
-            + "; ".join(
-                f"{m} {[round(t['e2e_s'], 3) for t in rows]}" for m, rows in by_mode.items()
-            )
-            + f"; best-effort loss {[round(t['loss'], 3) for t in by_mode['best-effort']]}"
-            + f"; its grace {[round(t['grace_s'], 4) for t in by_mode['best-effort']]} s"
-            + f" (the control connection's srtt {[round(t['srtt_s'], 3) for t in trials]} s)"
-        )
+    # the figures: shown with -s or -rP, not among pytest's progress dots
+    print(
+        f"\nudp, 8 MiB float32, {RACE_LOSS_PERCENT}% loss of every packet both ways, "
+        f"paced at {RATE}, medians of {RACE_TRIALS} interleaved trials: sent to decoded "
+        f"reliable {e2e['reliable']:.3f} s, best-effort {e2e['best-effort']:.3f} s "
+        f"(ratio {e2e['best-effort'] / e2e['reliable']:.2f}; its send "
+        f"{send['best-effort']:.3f} s, receiver done {after:.3f} s after it); each: "
+        + "; ".join(f"{m} {[round(t['e2e_s'], 3) for t in rows]}" for m, rows in by_mode.items())
+        + f"; best-effort loss {[round(t['loss'], 3) for t in by_mode['best-effort']]}"
+        + f"; its grace {[round(t['grace_s'], 4) for t in by_mode['best-effort']]} s"
+        + f" (the control connection's srtt {[round(t['srtt_s'], 3) for t in trials]} s)"
+    )
     assert drops > 0
     assert all(t["exact"] and t["loss"] == 0.0 for t in by_mode["reliable"])
     assert all(0.1 < t["loss"] < 0.3 for t in by_mode["best-effort"])
