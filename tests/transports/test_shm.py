@@ -190,19 +190,20 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
     assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]
 
 
-def test_silent_connections_cost_no_thread_and_the_oldest_make_room(hub, monkeypatch):
-    monkeypatch.setattr(listener, "MAX_SILENT_PER_SOURCE", 3)
-    silent = []
-    for _ in range(5):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.connect(address(hub.url.removeprefix("shm://")))
-        silent.append(sock)
-    _until(lambda: sum("newer ones" in e.reason for e in hub.events) == 2, "two made room")
-    assert hub._listener.silent <= 3 and not hub._listener._threads
-    with tensorwire.connect(hub.url, client_id="late", timeout=T):  # spoke: in at once
-        hub.wait_for(1, timeout=T)
-    for sock in silent:
-        sock.close()
+def test_silent_connections_cost_no_thread_and_the_oldest_make_room(monkeypatch):
+    monkeypatch.setattr(listener, "MAX_SILENT_PER_SOURCE", 3)  # read as the hub's listener is made
+    with tensorwire.serve(_url(), codec=None) as hub:
+        silent = []
+        for _ in range(5):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.connect(address(hub.url.removeprefix("shm://")))
+            silent.append(sock)
+        _until(lambda: sum("newer ones" in e.reason for e in hub.events) == 2, "two made room")
+        assert hub._listener.silent <= 3 and not hub._listener._threads
+        with tensorwire.connect(hub.url, client_id="late", timeout=T):  # spoke: in at once
+            hub.wait_for(1, timeout=T)
+        for sock in silent:
+            sock.close()
 
 
 def test_broadcast_writes_one_segment_that_every_client_maps(hub, connect):
