@@ -124,3 +124,42 @@ def test_one_address_cannot_hold_more_than_its_share(monkeypatch):
         assert all(s.recv(1) == b"" for s in held[:12])  # closed by the hub
         for sock in held:
             sock.close()
+
+
+_SMALL_HUB = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+import tensorwire
+with tensorwire.serve("tcp://127.0.0.1:0", codec=None) as hub:
+    print(hub.url, hub._listener._silent.total, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_hub_out_of_descriptors_pauses_and_serves_again_when_some_are_freed():
+    import subprocess
+    import sys
+
+    hub = subprocess.Popen(
+        [sys.executable, "-c", _SMALL_HUB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert hub.stdout is not None and hub.stdin is not None
+        url, silent_bound = hub.stdout.readline().split()
+        assert int(silent_bound) == 16  # a quarter of its 64 descriptors
+        joined = []
+        for i in range(40):  # each member costs the hub descriptors: it runs out on the way
+            try:
+                joined.append(tensorwire.connect(url, client_id=f"m{i}", codec=None, timeout=1))
+            except tensorwire.TransportError:
+                break
+        assert len(joined) < 40  # it did run out
+        for ch in joined:
+            ch.close()
+        # the accepting thread paused, never ended: once members left, a device gets in
+        with tensorwire.connect(url, client_id="after", codec=None, timeout=JOIN_S * 5) as ch:
+            ch.send(meta={"hello": 1})
+    finally:
+        if hub.stdin is not None:
+            hub.stdin.close()
+        hub.wait(T)

@@ -4,7 +4,8 @@ with guards against floods of connections that never say hello.
 A connection that has sent nothing yet costs a file descriptor and a slot in the accepting
 thread's selector, not a thread: thousands of idle ones cannot keep a device out. Bounds:
 
-- at most :data:`MAX_SILENT` connections wait silent at once, and at most
+- at most :data:`MAX_SILENT` connections (or a quarter of the process's descriptor limit,
+  if less) wait silent at once, and at most
   :data:`MAX_SILENT_PER_SOURCE` from one address; past either, the oldest silent one (of that
   address) is closed to make room for the new one, so whoever reopens idle sockets only
   pushes out their own, and a device, which speaks at once, gets through;
@@ -16,6 +17,9 @@ thread's selector, not a thread: thousands of idle ones cannot keep a device out
 
 from __future__ import annotations
 
+import errno
+import logging
+import resource
 import selectors
 import socket
 import threading
@@ -34,6 +38,20 @@ MAX_SILENT = 1024  # connections that have not spoken yet, at once
 MAX_SILENT_PER_SOURCE = 256  # ... from one source address
 SILENT_S = 10.0  # seconds a connection may stay silent before it is closed
 ACCEPT_BATCH = 64  # connections accepted per wake-up of the accepting thread
+SHORT_OF_DESCRIPTORS_S = 0.05  # the accepting thread's pause when the process has no fd left
+_SHORT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+log = logging.getLogger("tensorwire.transports")
+
+
+def silent_bound() -> int:
+    """:data:`MAX_SILENT`, or a quarter of this process's descriptor limit if that is less:
+    silent strangers must never take the descriptors the hub's members need."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_SILENT
+    return max(16, min(MAX_SILENT, soft // 4))
+
 
 Admitted = TypeVar("Admitted")
 
@@ -79,7 +97,10 @@ class Listener(Generic[Admitted]):
         self._threads: set[threading.Thread] = set()  # one per connection, until it ends
         self._handshaking = 0
         # the accepting thread's own: silent connections and their addresses, those that spoke
-        self._silent: WaitingRoom[socket.socket] = WaitingRoom(MAX_SILENT, MAX_SILENT_PER_SOURCE)
+        bound = silent_bound()
+        self._silent: WaitingRoom[socket.socket] = WaitingRoom(
+            bound, min(bound, MAX_SILENT_PER_SOURCE)
+        )
         self._addresses: dict[socket.socket, Any] = {}
         self._spoke: deque[tuple[socket.socket, Any]] = deque()
         self._closed = False
@@ -136,10 +157,16 @@ class Listener(Generic[Admitted]):
         for _ in range(ACCEPT_BATCH):
             try:
                 conn, address = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return True  # none left, or one that gave up before it was accepted
+            except OSError as exc:
+                if exc.errno not in _SHORT:
+                    return False  # the listening socket is shut down
+                # out of descriptors: the connection waits in the backlog; a short pause,
+                # not the end of the hub (silent ones are bounded below the limit, above)
+                log.warning("%s: cannot accept now: %s", self._name, exc)
+                time.sleep(SHORT_OF_DESCRIPTORS_S)
                 return True
-            except OSError:
-                return False
             conn.setblocking(True)
             for old, why in self._silent.add(conn, _source(address), time.monotonic()):
                 self._drop(sel, old, f"said nothing while {why}")
