@@ -12,7 +12,6 @@ is over the ranks left. A rank out of the view raises :class:`~tensorwire.errors
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -30,7 +29,7 @@ from tensorwire.collective.mesh import Mesh, listen
 from tensorwire.collective.operation import Operation
 from tensorwire.collective.options import GroupOptions
 from tensorwire.collective.reduce import ReduceOp
-from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward
+from tensorwire.collective.rendezvous import Address, Rendezvous, address_toward, serve_if_asked
 from tensorwire.collective.state import GroupState
 from tensorwire.errors import CollectiveError, RankFailed
 from tensorwire.wire import Limits
@@ -281,12 +280,8 @@ def join(
     coordinator is served and joined with them, and every link, a rejoining rank's too, is
     sealed with the link keys it gives out (``docs/collective.md``)."""
     creds = rank_credentials(opts.credentials, rank)
-    rendezvous = None
-    if serve if serve is not None else rank == 0:
-        hub = opts.credentials if isinstance(opts.credentials, str | os.PathLike) else creds
-        rendezvous = Rendezvous(
-            url, size, timeout=opts.connect_timeout, elastic=True, credentials=hub
-        )
+    rendezvous = serve_if_asked(url, rank, size, serve, opts, creds, elastic=True)
+    if rendezvous is not None:
         url = rendezvous.url
     try:
         sock = listen(host or address_toward(url))

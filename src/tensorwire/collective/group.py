@@ -23,9 +23,9 @@ from tensorwire.collective.reduce import ReduceOp, check_reduction, finish
 from tensorwire.collective.rendezvous import (
     Address,
     Meeting,
-    Rendezvous,
     address_toward,
     announce,
+    serve_if_asked,
 )
 from tensorwire.collective.state import GroupState
 from tensorwire.wire import Limits
@@ -106,10 +106,8 @@ class Group:
 
             return elastic.join(url, rank, size, serve, host, opts)
         creds = rank_credentials(opts.credentials, rank)
-        rendezvous = None
-        if serve if serve is not None else rank == 0:
-            hub = opts.credentials if isinstance(opts.credentials, str | os.PathLike) else creds
-            rendezvous = Rendezvous(url, size, timeout=opts.connect_timeout, credentials=hub)
+        rendezvous = serve_if_asked(url, rank, size, serve, opts, creds)
+        if rendezvous is not None:
             url = rendezvous.url
         try:
             return cls._connect(

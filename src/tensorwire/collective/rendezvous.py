@@ -9,6 +9,7 @@ all ``size`` ranks have announced; :func:`announce` is a rank's side.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -147,6 +148,25 @@ class Rendezvous:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def serve_if_asked(
+    url: str,
+    rank: int,
+    size: int,
+    serve: bool | None,
+    opts: Any,
+    credentials: Any,
+    elastic: bool = False,
+) -> Rendezvous | None:
+    """The rendezvous this rank serves at ``url`` (rank 0 unless ``serve`` says), with the
+    hub's credentials: ``opts.credentials`` when it names a directory (the hub's files are
+    there), else this rank's ``credentials``; None when another serves it."""
+    if not (serve if serve is not None else rank == 0):
+        return None
+    given = opts.credentials
+    hub = given if isinstance(given, str | os.PathLike) else credentials
+    return Rendezvous(url, size, timeout=opts.connect_timeout, elastic=elastic, credentials=hub)
 
 
 def announce(
