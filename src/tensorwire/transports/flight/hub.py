@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import ClassVar
 
 import pyarrow as pa
@@ -29,12 +29,14 @@ from tensorwire.transports.flight.options import (
     FLIGHT_ERRORS,
     HANDSHAKE_TIMEOUT,
     MAX_HANDSHAKES,
+    MAX_HANDSHAKES_PER_SOURCE,
     POLL_S,
     SCHEMA,
     SHUTDOWN_TIMEOUT,
     FlightHubOptions,
     location,
 )
+from tensorwire.transports.flight.pairing import Pairing, Waiter
 from tensorwire.transports.flight.peer import Job, Peer
 from tensorwire.transports.flight.server import FlightServer, caller
 from tensorwire.transports.flight.tls import certificate_name, server_tls
@@ -63,11 +65,10 @@ class FlightHub(Hub):
         tls = {} if self.tls is None else server_tls(self.tls)
         self._batch_bytes = options.batch_bytes
         self._peers: dict[str, Peer] = {}  # members, by client id
-        self._pending: dict[str, Peer] = {}  # sessions waiting for their uplink, by id
-        self._handshakes = 0  # calls waiting for their session's other call
+        self._pairing = Pairing(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE)
         # ids of the latest refused hellos: their uplinks, ending, are the same refusal
         self._refused_ids: collections.deque[str] = collections.deque(maxlen=MAX_HANDSHAKES)
-        self._sessions = threading.Condition()  # guards the above and _closing
+        self._sessions = threading.Lock()  # guards the above and _closing
         self._closing = False
         try:
             self._server = FlightServer(self, location(host, port, self.tls), **tls)
@@ -77,6 +78,11 @@ class FlightHub(Hub):
 
     # -- a session's two calls, each in a Flight server thread -----------------------------
 
+    @property
+    def _handshakes(self) -> int:
+        """Calls waiting for their session's other call now."""
+        return len(self._pairing)
+
     def _serve_downlink(
         self,
         context: flight.ServerCallContext,
@@ -85,30 +91,16 @@ class FlightHub(Hub):
     ) -> None:
         """Take the hello, wait for the uplink, then write the client's messages."""
         who = caller(context)
-        with self._handshake(who) as admitted:
-            peer = self._open_session(who, context, command, writer) if admitted else None
-            if peer is None:
-                return
-            with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
-                writer.begin(SCHEMA)
-            if not self._await_uplink(who, context, peer):
-                return
+        waiter = self._open_session(who, context, command, writer)
+        if waiter is None:
+            return
+        peer = waiter.peer
+        assert peer is not None
+        with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
+            writer.begin(SCHEMA)
+        if not self._paired(who, context, False, peer.hello.session, waiter):
+            return
         self._write_loop(peer, writer)
-
-    @contextlib.contextmanager
-    def _handshake(self, who: str) -> Iterator[bool]:
-        """Count a call as handshaking while in the block; yields False (refused) when
-        :data:`MAX_HANDSHAKES` already are: a flood of calls must not cost a thread each."""
-        with self._sessions:
-            admitted = self._handshakes < MAX_HANDSHAKES
-            self._handshakes += admitted
-        if not admitted:
-            self._refused(who, TransportError(f"over {MAX_HANDSHAKES} sessions opening at once"))
-        try:
-            yield admitted
-        finally:
-            with self._sessions:
-                self._handshakes -= admitted
 
     def _open_session(
         self,
@@ -116,10 +108,9 @@ class FlightHub(Hub):
         context: flight.ServerCallContext,
         command: bytes,
         writer: flight.MetadataRecordBatchWriter,
-    ) -> Peer | None:
+    ) -> Waiter | None:
         """Check the hello (read under HELLO_LIMITS, with the caller's certificate name) and
-        register the session as waiting for its uplink; a refused one is answered ``refuse``
-        and gives None."""
+        offer the session to its uplink; a refused one is answered ``refuse`` and gives None."""
         tls_name = certificate_name(context)
         session = HubSession(**self._session_options(), tls_name=tls_name)
         msg = None
@@ -131,15 +122,7 @@ class FlightHub(Hub):
             session.receive(msg)
             hello = session.hello
             assert hello is not None
-            with self._sessions:
-                if self._closing:
-                    return None
-                if hello.session in self._pending:
-                    raise SessionRefused(f"session id {hello.session!r} is already opening")
-                peer = Peer(hello, session, tls_name)
-                self._pending[hello.session] = peer
-                self._sessions.notify_all()
-            return peer
+            return self._pairing.downlink(Peer(hello, session, tls_name), who, time.monotonic())
         except SessionRefused as exc:
             sid = None if msg is None else msg.meta.get("session")
             if isinstance(sid, str):  # before the answer: the client hangs up its uplink after
@@ -153,29 +136,39 @@ class FlightHub(Hub):
             self._refused(who, exc)
         return None
 
-    def _wait(
-        self, context: flight.ServerCallContext, ready: Callable[[], bool], timeout: float
+    def _paired(
+        self,
+        who: str,
+        context: flight.ServerCallContext,
+        uplink: bool,
+        sid: str,
+        waiter: Waiter,
     ) -> bool:
-        """With ``_sessions`` held, wait up to ``timeout`` seconds for ``ready()``; give up
-        early when the hub closes or the call is cancelled."""
-        deadline = deadline_after(timeout)
-        while not ready():
-            left = remaining(deadline)
-            if not left or self._closing or context.is_cancelled():
-                return False
-            self._sessions.wait(min(left, POLL_S))
-        return True
-
-    def _await_uplink(self, who: str, context: flight.ServerCallContext, peer: Peer) -> bool:
+        """Wait up to HANDSHAKE_TIMEOUT for the session's other call; False (reported, unless
+        the hub is closing) if it did not come, the call was cancelled, or pushed out."""
+        if waiter.wait(deadline_after(HANDSHAKE_TIMEOUT), context.is_cancelled, POLL_S):
+            return True
+        if not self._pairing.withdraw(uplink, sid, waiter):
+            return True  # paired as it gave up
+        if self._closing or waiter.dropped == "the hub is closing":
+            return False
         with self._sessions:
-            if self._wait(context, lambda: peer.attached, HANDSHAKE_TIMEOUT):
-                return True
-            if self._pending.get(peer.hello.session) is peer:
-                del self._pending[peer.hello.session]  # under the lock an uplink attaches with
-            closing = self._closing
-        if not closing:
-            how = "hung up" if context.is_cancelled() else "opened no uplink in time"
-            self._refused(who, TransportError(f"{peer.client_id!r} {how}"))
+            if uplink and sid in self._refused_ids:  # its downlink's refusal was reported
+                return False
+            if not uplink:  # reported here: its uplink, ending, is the same refusal
+                self._refused_ids.append(sid)
+        if uplink:
+            call = f"the uplink of session {sid!r}"
+        else:
+            assert waiter.peer is not None
+            call = repr(waiter.peer.client_id)
+        if waiter.dropped is not None:
+            how = waiter.dropped
+        elif context.is_cancelled():
+            how = "hung up"
+        else:
+            how = "came for no opening session" if uplink else "opened no uplink in time"
+        self._refused(who, TransportError(f"{call} {how}"))
         return False
 
     def _serve_uplink(
@@ -186,25 +179,19 @@ class FlightHub(Hub):
     ) -> None:
         """Attach to the session's downlink, join its client, then deliver its messages."""
         who = caller(context)
-        tls_name = certificate_name(context)
-        peer = None
-
-        def opening() -> bool:
-            # under TLS, only the certificate that opened the downlink may open its uplink
-            waiting = self._pending.get(session)
-            return waiting is not None and waiting.tls_name == tls_name
-
-        with self._handshake(who) as admitted, self._sessions:
-            if admitted and self._wait(context, opening, HANDSHAKE_TIMEOUT):
-                peer = self._pending.pop(session)
-                peer.attached = True
-                self._sessions.notify_all()
-        if peer is None:
-            with self._sessions:
-                answered = session in self._refused_ids  # its hello's refusal was reported
-            if admitted and not self._closing and not answered:
-                self._refused(who, TransportError(f"uplink for no opening session {session!r}"))
+        try:
+            waiter = self._pairing.uplink(session, who, certificate_name(context), time.monotonic())
+        except SessionRefused as exc:
+            self._refused(who, TransportError(f"uplink for no opening session {session!r}: {exc}"))
             return
+        if waiter is None:
+            if not self._closing:
+                self._refused(who, TransportError(f"a second uplink for session {session!r}"))
+            return
+        if not self._paired(who, context, True, session, waiter):
+            return
+        peer = waiter.peer
+        assert peer is not None
         if self._admit(peer):
             self._end(peer, self._read_loop(peer, context, reader))
 
@@ -379,8 +366,8 @@ class FlightHub(Hub):
     def _close_transport(self) -> None:
         with self._sessions:
             self._closing = True
-            self._sessions.notify_all()
             peers = list(self._peers.values())
+        self._pairing.close()
         for peer in peers:  # clients hang up on the bye, which ends their sessions' calls
             peer.stop("the hub is closing")
         stopper = threading.Thread(
@@ -393,5 +380,4 @@ class FlightHub(Hub):
                 "flight: sessions of %s did not end within %s s; the server stops when they do",
                 self.clients,
                 SHUTDOWN_TIMEOUT,
-                FlightHubOptions,
             )

@@ -34,7 +34,7 @@ class Peer:
     tls_name: str | None  # its downlink's certificate name: its uplink must carry the same
     jobs: queue.SimpleQueue[Job | None] = field(default_factory=queue.SimpleQueue)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    attached: bool = False  # its uplink arrived (guarded by the hub's session lock)
+    attached: bool = False  # its uplink arrived (set under the hub's Pairing lock)
     gone: str | None = None  # why no more data may be written to it
 
     @property

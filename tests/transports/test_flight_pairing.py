@@ -1,0 +1,140 @@
+"""A flight:// hub pairs a session's two calls (issue #27): each waiting call is woken by its
+own other half, not by every event; calls that never pair are bounded in all and per host,
+the oldest pushed out, so they cannot keep a device out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+flight = pytest.importorskip(
+    "pyarrow.flight", reason="flight:// needs pyarrow (extra tensorwire[flight])"
+)
+
+import tensorwire  # noqa: E402
+from tensorwire.errors import SessionRefused  # noqa: E402
+from tensorwire.transports.flight import hub as flight_hub  # noqa: E402
+from tensorwire.transports.flight.batches import control_message  # noqa: E402
+from tensorwire.transports.flight.pairing import Pairing  # noqa: E402
+from tensorwire.transports.flight.peer import Peer  # noqa: E402
+from tensorwire.transports.session import HELLO_LIMITS, ClientSession, HubSession  # noqa: E402
+from tensorwire.transports.url import host_port  # noqa: E402
+
+T = 20.0
+
+
+def _until(cond, timeout=T) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _peer(client_id: str, tls_name: str | None = None) -> Peer:
+    hub_session = HubSession(decoders=[], max_message_bytes=1 << 20)
+    hello = ClientSession(client_id, decoders=[], max_message_bytes=1 << 20).hello()
+    hub_session.receive(control_message(hello.to_bytes(), HELLO_LIMITS))
+    assert hub_session.hello is not None
+    return Peer(hub_session.hello, hub_session, tls_name)
+
+
+def _downlink_only(url: str, client_id: str) -> tuple[flight.FlightClient, Any, Any]:
+    """A session's first call, with a valid hello, and never its second (the writer is
+    kept: dropping it closes the call, which waits for the hub to end it)."""
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(url)))
+    session = ClientSession(client_id, decoders=[], max_message_bytes=1 << 20)
+    hello = flight.FlightDescriptor.for_command(session.hello().to_bytes())
+    writer, down = client.do_exchange(hello)
+    writer.done_writing()
+    return client, writer, down
+
+
+def _far() -> float:
+    return time.monotonic() + T
+
+
+def test_calls_pair_in_either_order_and_wake_only_their_other_half():
+    pairing = Pairing(8, 8)
+    first, second = _peer("a"), _peer("b")
+    down = pairing.downlink(first, "h", 0.0)
+    early_up = pairing.uplink(second.hello.session, "h", None, 0.0)  # before its downlink
+    assert down is not None and early_up is not None and len(pairing) == 2
+    up = pairing.uplink(first.hello.session, "h", None, 0.0)
+    assert up is not None and up.peer is first and first.attached
+    assert down.ready.is_set() and not early_up.ready.is_set()  # the other waiter slept on
+    late_down = pairing.downlink(second, "h", 0.0)
+    assert late_down is not None and late_down.ready.is_set() and early_up.peer is second
+    assert len(pairing) == 0
+
+
+def test_a_stolen_session_id_pairs_with_nothing_and_a_reused_one_is_refused():
+    pairing = Pairing(8, 8)
+    victim = _peer("v", tls_name="v")
+    pairing.downlink(victim, "h", 0.0)
+    with pytest.raises(SessionRefused, match="another certificate"):
+        pairing.uplink(victim.hello.session, "h", "someone-else", 0.0)
+    assert not victim.attached
+    with pytest.raises(SessionRefused, match="already opening"):
+        pairing.downlink(Peer(victim.hello, victim.session, "v"), "h", 0.0)
+    # an uplink under another certificate that came first is dropped when its downlink comes
+    owner = _peer("o", tls_name="o")
+    thief = pairing.uplink(owner.hello.session, "h", "someone-else", 0.0)
+    assert thief is not None
+    assert pairing.uplink(owner.hello.session, "h", "o", 0.0) is None  # one waits already
+    down = pairing.downlink(owner, "h", 0.0)
+    assert down is not None and not down.ready.is_set() and not owner.attached
+    assert thief.ready.is_set() and thief.peer is None and "another certificate" in thief.dropped
+    up = pairing.uplink(owner.hello.session, "h", "o", 0.0)
+    assert up is not None and up.peer is owner and owner.attached
+
+
+def test_calls_that_never_pair_push_out_only_the_oldest_of_their_own_host():
+    pairing = Pairing(total=6, per_source=3)
+    strangers = [pairing.downlink(_peer(f"s{i}"), "stranger", float(i)) for i in range(5)]
+    device = pairing.downlink(_peer("device"), "device-host", 9.0)
+    assert all(w is not None for w in strangers) and device is not None
+    assert [w.dropped is not None for w in strangers] == [True, True, False, False, False]
+    assert all(w.ready.is_set() for w in strangers[:2])  # woken, to end their calls
+    assert device.dropped is None and len(pairing) == 4
+
+
+def test_a_waiting_call_gives_up_when_cancelled_or_at_its_deadline_and_close_wakes_all():
+    pairing = Pairing(8, 8)
+    w = pairing.downlink(_peer("a"), "h", 0.0)
+    assert w is not None
+    assert not w.wait(time.monotonic() + 0.05, lambda: False, 0.01)  # the deadline
+    assert not w.wait(_far(), lambda: True, 0.01)  # cancelled
+    assert pairing.withdraw(False, w.peer.hello.session, w) and len(pairing) == 0
+    other = pairing.downlink(_peer("b"), "h", 0.0)
+    assert other is not None
+    waiting = threading.Thread(target=other.wait, args=(_far(), lambda: False, 1.0))
+    waiting.start()
+    pairing.close()
+    waiting.join(T)
+    assert not waiting.is_alive() and other.dropped == "the hub is closing"
+    assert pairing.downlink(_peer("c"), "h", 0.0) is None
+
+
+def test_downlinks_that_never_open_their_uplink_cannot_keep_a_device_out(monkeypatch):
+    """The hostile case end to end: a host holds the most downlinks it may, waiting for
+    uplinks that never come; a device still joins (the oldest is pushed out), at once."""
+    monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES", 3)  # read as a hub is made
+    monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES_PER_SOURCE", 3)
+    with tensorwire.serve("flight://127.0.0.1:0") as hub:
+        silent = [_downlink_only(hub.url, f"silent{i}") for i in range(3)]
+        assert _until(lambda: hub._handshakes == 3)
+        with tensorwire.connect(hub.url, client_id="device", timeout=T):
+            assert hub.wait_for(1, timeout=T) == ["device"]
+        pushed = [e for e in hub.events if "did not come while" in e.reason]
+        assert len(pushed) == 1  # one made room; the device's calls paired at once
+        with pytest.raises(StopIteration):
+            silent[0][2].read_chunk()  # the oldest's call was ended
+        for client, _, down in silent:
+            down.cancel()
+            client.close()
+        assert _until(lambda: hub._handshakes == 0)
