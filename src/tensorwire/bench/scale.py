@@ -8,7 +8,8 @@ For each transport and each client count N: a hub in this process; N clients hel
 - ``gather_s``: until the hub has received a ``reply_bytes`` reply from each;
 - ``hub_cpu_s``: this process's CPU time (every thread) over join + broadcast + gather;
 - per client, with N clients joined, against the hub before any joined: ``rss_kb``,
-  ``threads`` and ``fds`` (from ``/proc/self``).
+  ``threads`` and ``fds`` (from ``/proc/self``); and the hub's whole ``hub_threads``,
+  ``hub_fds`` and ``hub_rss_mb`` then, with every client joined and idle.
 
 ``per_client_ms`` is (broadcast + gather) / N: flat as N grows when nothing grows faster
 than N. Broker transports (mqtt, amqp) get a private broker for the run, never the
@@ -44,6 +45,8 @@ REPLY_BYTES = 100 << 10
 PROCS = 4
 TIMEOUT = 300.0
 """Seconds one case (a transport at one N) may take in all."""
+ERROR_CHARS = 400
+"""A failed case's error is cut to this many characters in the table."""
 
 
 def raise_fd_limit() -> int:
@@ -165,8 +168,8 @@ def scale_case(
             t3 = time.monotonic()
             cpu = time.process_time() - cpu0
             hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
-        except TransportError as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"
+        except TransportError as exc:  # its text may list thousands of client ids: cut short
+            row["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
         finally:
             tally = _tallies(procs_, deadline)
     if "error" in row:
@@ -182,6 +185,9 @@ def scale_case(
         rss_kb_per_client=(held["rss_kb"] - before["rss_kb"]) / n,
         threads_per_client=(held["threads"] - before["threads"]) / n,
         fds_per_client=(held["fds"] - before["fds"]) / n,
+        hub_threads=held["threads"],
+        hub_fds=held["fds"],
+        hub_rss_mb=held["rss_kb"] / 1024,
         clients_failed=tally["failed"],
     )
     return row

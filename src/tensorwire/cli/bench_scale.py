@@ -23,6 +23,9 @@ COLUMNS = [
     "rss_kb_per_client",
     "threads_per_client",
     "fds_per_client",
+    "hub_threads",
+    "hub_fds",
+    "hub_rss_mb",
     "clients_failed",
 ]
 
@@ -30,7 +33,8 @@ LEGEND = (
     "join_s, broadcast_s, gather_s: wall time of the whole step for all clients; "
     "join_ms_per_client: join_s / clients; per_client_ms: (broadcast + gather) / clients; "
     "hub_cpu_s: the hub process's CPU over the three steps; rss_kb, threads, fds per client: "
-    "the hub process's growth with every client joined / clients."
+    "the hub process's growth with every client joined / clients; hub_threads, hub_fds, "
+    "hub_rss_mb: the hub process's totals then (every client joined, idle)."
 )
 
 
