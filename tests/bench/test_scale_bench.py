@@ -45,7 +45,8 @@ def test_a_tiny_run_has_a_row_per_case_and_writes_its_files(tmp_path: Path):
         assert r.get("error") is None, r
         assert r["clients_failed"] == 0 and r["join_s"] > 0 and r["gather_s"] >= 0
         if r["transport"] == "tcp":  # a socket per client (mqtt's hub: one broker link)
-            assert r["fds_per_client"] >= 1
+            assert r["fds_per_client"] >= 1 and r["hub_fds"] >= r["clients"]
+        assert r["hub_threads"] >= 1 and r["hub_rss_mb"] > 0
     assert (out / "scale.png").exists()
 
 

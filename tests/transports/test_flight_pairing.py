@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from waiting import until
 
 flight = pytest.importorskip(
     "pyarrow.flight", reason="flight:// needs pyarrow (extra tensorwire[flight])"
@@ -24,15 +25,6 @@ from tensorwire.transports.session import HELLO_LIMITS, ClientSession, HubSessio
 from tensorwire.transports.url import host_port  # noqa: E402
 
 T = 20.0
-
-
-def _until(cond, timeout=T) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _peer(client_id: str, tls_name: str | None = None) -> Peer:
@@ -127,7 +119,7 @@ def test_downlinks_that_never_open_their_uplink_cannot_keep_a_device_out(monkeyp
     monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES_PER_SOURCE", 3)
     with tensorwire.serve("flight://127.0.0.1:0") as hub:
         silent = [_downlink_only(hub.url, f"silent{i}") for i in range(3)]
-        assert _until(lambda: hub._handshakes == 3)
+        assert until(lambda: hub._handshakes == 3)
         with tensorwire.connect(hub.url, client_id="device", timeout=T):
             assert hub.wait_for(1, timeout=T) == ["device"]
         pushed = [e for e in hub.events if "did not come while" in e.reason]
@@ -137,4 +129,4 @@ def test_downlinks_that_never_open_their_uplink_cannot_keep_a_device_out(monkeyp
         for client, _, down in silent:
             down.cancel()
             client.close()
-        assert _until(lambda: hub._handshakes == 0)
+        assert until(lambda: hub._handshakes == 0)

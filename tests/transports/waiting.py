@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 
 def until_inside(thread: threading.Thread, name: str, timeout: float = 10.0) -> None:
@@ -20,3 +21,13 @@ def until_inside(thread: threading.Thread, name: str, timeout: float = 10.0) -> 
             frame = frame.f_back
         time.sleep(0.005)
     raise AssertionError(f"{thread.name} was not inside {name}() within {timeout} s")
+
+
+def until(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -37,7 +37,8 @@ against the hello's client id. ``key=`` / ``auth=`` add the session's secret pro
 
 The pieces: ``options.py`` (constants, where a hub listens), ``batches.py`` (messages as record
 batches and back), ``tls.py`` (gRPC's TLS), ``server.py`` (the Flight server, routing calls to
-the hub), ``peer.py`` (a hub's state per session), ``hub.py``, ``watchdog.py`` (a send's
+the hub), ``peer.py`` (a hub's state per session), ``pairing.py`` (a session's two calls
+meeting, bounded), ``hub.py``, ``watchdog.py`` (a send's
 deadline) and ``channel.py``.
 """
 
