@@ -81,7 +81,8 @@ fi
 # The installed torch pinned, so that resolving the extras keeps it (build included).
 pin=()
 if torch_installed; then
-  pin=("torch==$(.venv/bin/python -c 'import torch; print(torch.__version__)')")
+  # (stderr hidden: before numpy is in, torch warns "Failed to initialize NumPy")
+  pin=("torch==$(.venv/bin/python -c 'import torch; print(torch.__version__)' 2>/dev/null)")
 fi
 if [ "$TORCH_BUILD" = none ] && ! torch_installed; then
   "${PIP[@]}" install -e ".[zmq,mqtt,amqp,flight,quic,bench,dev]"

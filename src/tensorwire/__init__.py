@@ -20,6 +20,7 @@ from tensorwire.errors import (
     TensorwireError,
     TransportError,
     TransportTimeout,
+    UnknownHost,
     VersionMismatch,
     WireError,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "TransferRecord",
     "TransportError",
     "TransportTimeout",
+    "UnknownHost",
     "VersionMismatch",
     "WireError",
     "__version__",

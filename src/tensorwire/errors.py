@@ -96,6 +96,10 @@ class UnknownScheme(TransportError, ValueError):
     """No transport is registered for the URL's scheme."""
 
 
+class UnknownHost(TransportError, ValueError):
+    """A URL's host name that no name server knows (a typo, most often): not retried."""
+
+
 class TransportTimeout(TransportError, TimeoutError):
     """An operation did not complete within its timeout (seconds)."""
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,29 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 
 from tensorwire.bench.fl_figures import DPI, protocol_style
+from tensorwire.bench.fl_figures.styles import SPARE_COLORS, SPARE_MARKERS, Style
+
+
+def distinct_styles(labels: list[str]) -> dict[str, Style]:
+    """Each label's protocol style (a baseline is drawn dashed with hollow markers, so it
+    may share its colour and marker with a transport), but never two labels drawn alike: a
+    label whose colour and marker another of its kind already has takes the next spare pair."""
+    taken: set[tuple[str, str, bool]] = set()
+    out: dict[str, Style] = {}
+    for k, label in enumerate(labels):
+        ours = label.startswith("tensorwire-")
+        style = protocol_style(label.removeprefix("tensorwire-"))
+        tries = 0
+        while (style.color, style.marker, ours) in taken and tries < len(SPARE_COLORS) ** 2:
+            tries += 1
+            style = replace(
+                style,
+                color=SPARE_COLORS[(k + tries) % len(SPARE_COLORS)],
+                marker=SPARE_MARKERS[(k + 2 * tries) % len(SPARE_MARKERS)],
+            )
+        taken.add((style.color, style.marker, ours))
+        out[label] = style
+    return out
 
 
 def transfer_figure(
@@ -28,10 +52,11 @@ def transfer_figure(
         for r in rows:
             if r["case"] == "gsoc" and r["dtype"] == dtype:
                 lines[r["transport"]].append((r["bytes"], r["gb_per_s"]))
+        styles = distinct_styles(sorted(lines))
         for label, points in sorted(lines.items()):
             points.sort()
             ours = label.startswith("tensorwire-")
-            style = protocol_style(label.removeprefix("tensorwire-"))
+            style = styles[label]
             ax.plot(
                 [p[0] for p in points],
                 [p[1] for p in points],

@@ -33,6 +33,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
 )
 app.add_typer(bench_app, name="bench")
 app.add_typer(fl_app, name="fl")

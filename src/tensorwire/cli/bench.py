@@ -17,7 +17,9 @@ from tensorwire.cli.options import parse_shape, results_dir, split_list, transpo
 from tensorwire.transports.registry import listed_transports as registered_transports
 
 bench_app = typer.Typer(
-    help="Benchmarks that compare with a baseline in the same run.", no_args_is_help=True
+    help="Benchmarks that compare with a baseline in the same run.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 

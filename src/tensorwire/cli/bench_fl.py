@@ -227,7 +227,9 @@ def bench_fl_cmd(
     try:
         summary = run_matrix(matrix, out, say=console.print)
     except KeyboardInterrupt:
-        console.print(f"interrupted; go on with: tensorwire bench fl --resume {out}")
+        console.print("[yellow]interrupted[/] (Ctrl-C); experiments finished so far are kept")
+        console.print(f"results so far: {out}")
+        console.print(f"go on with: tensorwire bench fl --resume {out}")
         raise typer.Exit(130) from None
     _print_fl_table(out)
     for key, why in summary.failed.items():

@@ -17,6 +17,7 @@ import click
 import typer
 
 from tensorwire.cli.console import console
+from tensorwire.cli.interrupts import interrupted_run, resumed_run
 from tensorwire.cli.options import protocol_option
 from tensorwire.fl.config import (
     BUILTIN_DATASETS,
@@ -34,6 +35,7 @@ fl_app = typer.Typer(
     help="Federated learning over any tensorwire URL: rounds that survive devices, validated "
     "updates, FedAvg / FedProx / FedAdam / FedYogi / median / trimmed mean, resume.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 D = FLConfig()  # the defaults
@@ -264,23 +266,40 @@ def run_cmd(
             "per-device keys."
         ),
     ] = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Go on with the interrupted run whose results directory this is, from its last "
+            "checkpoint (its settings, protocol and certificates)."
+        ),
+    ] = None,
 ) -> None:
     """Run a server here and the devices as local processes, with a progress bar."""
     from tensorwire.bench.progress import progress_bar
     from tensorwire.fl.run import run_local
 
-    cfg = _config(locals())
-    out = out or Path("results") / f"fl-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
-    certs = None
-    if secure:
+    if resume is not None:
+        cfg, protocol, certs = resumed_run(resume)
+        out = resume
+    else:
+        cfg = _config(locals())
+        out = out or Path("results") / f"fl-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
+        certs = None
+    if secure and certs is None:
         from tensorwire.transports.certs import make_certs
 
         certs = out / "certs"
         make_certs(certs, hosts=["127.0.0.1", "localhost"], clients=_device_ids(cfg.clients))
-    with progress_bar() as bar:
+    done = [0]
+
+    def on_round(row: dict[str, Any]) -> None:
+        done[0] = int(row["round"])
+        bar.advance(task)
+
+    with progress_bar() as bar, interrupted_run("fl run", out, done, cfg.rounds):
         task = bar.add_task(f"{cfg.strategy} over {protocol}", total=cfg.rounds)
         result, path = run_local(
-            cfg, protocol, out_dir=out, on_round=lambda row: bar.advance(task), certs=certs
+            cfg, protocol, out_dir=out, on_round=on_round, certs=certs, resume=resume
         )
     _print_rounds(result.rounds)
     console.print(f"results: {path}")
@@ -363,7 +382,10 @@ def server_cmd(
         if events:
             events.write("ready", url=hub_url)
 
+    done = [0]
+
     def round_done(row: dict[str, Any]) -> None:
+        done[0] = int(row["round"])
         console.print(
             f"round {row['round']}: {row['status']}, {row['updates']} update(s), "
             f"accuracy {row['accuracy']:.3f}"
@@ -372,16 +394,17 @@ def server_cmd(
             events.round(row)
 
     try:
-        result = run_server(
-            url,
-            cfg,
-            on_ready=ready,
-            on_round=round_done,
-            certs=certs,
-            out_dir=out,
-            resume=resume,
-            hub_options={"fanout": fanout} if fanout != "concurrent" else None,
-        )
+        with interrupted_run("fl server", out, done, cfg.rounds, again=f"--url {url}"):
+            result = run_server(
+                url,
+                cfg,
+                on_ready=ready,
+                on_round=round_done,
+                certs=certs,
+                out_dir=out,
+                resume=resume,
+                hub_options={"fanout": fanout} if fanout != "concurrent" else None,
+            )
     except QuorumLost as exc:
         if events:
             events.write("stopped", reason=str(exc), out=str(out))
@@ -397,8 +420,12 @@ def client_cmd(
     url: Annotated[str, typer.Option(help="The server's URL.")],
     id: Annotated[str, typer.Option("--id", help="This device's number or name.")],
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for the server to answer (connect, reconnect).")
-    ] = 600.0,
+        float,
+        typer.Option(
+            help="Seconds to go on trying to reach the server (it may not be up yet), and to "
+            "reconnect after losing it. A host name that does not resolve fails at once."
+        ),
+    ] = 120.0,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
     model: Annotated[
         str | None,

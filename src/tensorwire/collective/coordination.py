@@ -85,7 +85,9 @@ class Coordination:
         self._secret = None if credentials is None else credentials.secret
         # unique without credentials; with them the rank's enrolled id (a restart replaces it)
         name = f"rank-{rank}-{secrets.token_hex(8)}" if credentials is None else rank_id(rank)
-        secured = {} if credentials is None else {"credentials": credentials.channel()}
+        secured: dict[str, Any] = (
+            {} if credentials is None else {"credentials": credentials.channel()}
+        )
         try:
             self._channel: Channel = connect(url, client_id=name, timeout=timeout, **secured)
         except AuthenticationError as exc:

@@ -182,7 +182,7 @@ def announce(
     holding a secret, the link keys the rendezvous sealed for it."""
     # unique: a second "rank 3" is refused (a secured hub tells them apart by credentials)
     name = rank_id(rank) if credentials else f"rank-{rank}-{secrets.token_hex(4)}"
-    secured = {} if credentials is None else {"credentials": credentials.channel()}
+    secured: dict[str, Any] = {} if credentials is None else {"credentials": credentials.channel()}
     try:
         with connect(url, client_id=name, timeout=timeout, **secured) as ch:
             ch.send(meta={"rank": rank, "size": size, "host": address[0], "port": address[1]})

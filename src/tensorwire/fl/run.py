@@ -50,13 +50,16 @@ def run_local(
     on_round: Any = None,
     log_dir: Path | None = None,
     certs: Path | None = None,
+    resume: Path | None = None,
 ) -> tuple[RunResult, Path | None]:
     """Run the server in this process and ``cfg.clients`` devices as subprocesses.
 
     Results go into ``out_dir`` as rounds finish (with checkpoints). Device output goes to
     ``log_dir/device-N.log`` (default: ``out_dir/logs``). Devices are stopped, whatever
     happens. ``certs``: run secured with the files of ``tensorwire certs`` there (the devices
-    are ``device-1`` ...). Returns the result and the results directory (if ``out_dir``).
+    are ``device-1`` ...). ``resume``: go on from that results directory's last checkpoint
+    (``out_dir`` should be the same directory). Returns the result and the results directory
+    (if ``out_dir``).
     """
     procs: list[subprocess.Popen[bytes]] = []
     logs = log_dir or (out_dir / "logs" if out_dir else None)
@@ -79,7 +82,13 @@ def run_local(
     try:
         with local_hub_url(protocol) as url:
             result = run_server(
-                url, cfg, on_round=on_round, on_ready=spawn, certs=certs, out_dir=out_dir
+                url,
+                cfg,
+                on_round=on_round,
+                on_ready=spawn,
+                certs=certs,
+                out_dir=out_dir,
+                resume=resume,
             )
     finally:
         deadline = time.monotonic() + 30

@@ -8,7 +8,9 @@ seen as the scheme -> ``{"hub", "channel", "extra"}`` dict of earlier versions.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from tensorwire.transports.base import (
     FANOUTS,
@@ -36,6 +38,10 @@ from tensorwire.transports.registry import (
     unregister_transport,
 )
 
+if TYPE_CHECKING:
+    from tensorwire.transports.security import TLS, Keys
+    from tensorwire.wire import Limits
+
 
 def _load(url: str, role: str) -> Any:
     scheme = url.split("://", 1)[0] if "://" in url else ""
@@ -45,29 +51,107 @@ def _load(url: str, role: str) -> Any:
     return entry.load("hub" if role == "hub" else "channel")
 
 
-def serve(url: str, **options: Any) -> Hub:
-    """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``); the keywords are the fields of
-    the transport's :class:`HubOptions` (``options=`` one ready-made).
+def _given(options: dict[str, Any], **named: tuple[Any, Any]) -> dict[str, Any]:
+    """``options`` with each named keyword whose value is not its default (``name=(value,
+    default)``), so that ``options=`` a ready value still goes alone."""
+    return options | {
+        k: value
+        for k, (value, default) in named.items()
+        if not (value is default or (isinstance(value, str) and value == default))
+    }
 
-    ``tls=tensorwire.TLS(...)`` and ``auth=tensorwire.Keys.load(...)`` (or the URL options
-    ``?cert=&certkey=&ca=&keys=``) admit only enrolled clients and encrypt the traffic.
-    ``fanout="sequential"`` makes :meth:`Hub.broadcast` reach one client after another.
+
+def serve(
+    url: str,
+    *,
+    codec: Any = "auto",
+    checksum: bool = True,
+    limits: Limits | None = None,
+    timeout: float | None = None,
+    tls: TLS | None = None,
+    auth: Keys | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    on_join: Callable[[str], None] | None = None,
+    on_leave: Callable[[str, str], None] | None = None,
+    on_event: Callable[[MembershipEvent], None] | None = None,
+    fanout: str = "concurrent",
+    **options: Any,
+) -> Hub:
+    """Open a hub at ``url`` (e.g. ``tcp://127.0.0.1:5555``).
+
+    :param codec: ``"auto"`` (weighs compression against the link), ``None`` (raw), a codec
+        id such as ``"zstd"``, or a chain.
+    :param checksum: per-tensor xxh3-64 digests on what the hub sends.
+    :param limits: what the hub accepts (message and header sizes, tensors per message).
+    :param timeout: seconds to wait for a handshake (``timeouts=`` a :class:`Timeouts`).
+    :param tls: certificates (``tensorwire.TLS(cert=, key=, ca=)``); with ``auth`` (the
+        enrolled keys, ``tensorwire.Keys.load(...)``) only enrolled clients get in, and all
+        traffic is encrypted. The URL options ``?cert=&certkey=&ca=&keys=`` do the same.
+    :param on_join: called with a client's id when it joins (from a transport thread).
+    :param on_leave: called with a client's id and why, when it leaves.
+    :param on_event: called with every membership event.
+    :param fanout: ``"concurrent"`` (every client at once) or ``"sequential"`` (one after
+        another) for :meth:`Hub.broadcast`.
+    :param options: the transport's own (its page under Transports lists them), or
+        ``options=`` a ready-made :class:`HubOptions`; an unknown one is a ``TypeError``
+        that lists what the transport takes.
     """
     cls = _load(url, "hub")
     url, from_url = Credentials.from_url(url, "hub")
-    return cls(url, cls.options_type.from_kwargs(options, from_url))
+    kwargs = _given(
+        options,
+        codec=(codec, "auto"),
+        checksum=(checksum, True),
+        limits=(limits, None),
+        timeout=(timeout, None),
+        tls=(tls, None),
+        auth=(auth, None),
+        on_join=(on_join, None),
+        on_leave=(on_leave, None),
+        on_event=(on_event, None),
+        fanout=(fanout, "concurrent"),
+    )
+    return cls(url, cls.options_type.from_kwargs(kwargs, from_url))
 
 
-def connect(url: str, **options: Any) -> Channel:
-    """Open a channel to the hub at ``url``; the keywords are the fields of the transport's
-    :class:`ChannelOptions` (``client_id=`` names this client; ``options=`` one ready-made).
+def connect(
+    url: str,
+    *,
+    client_id: str | None = None,
+    codec: Any = "auto",
+    checksum: bool = True,
+    limits: Limits | None = None,
+    timeout: float | None = None,
+    tls: TLS | None = None,
+    key: Any = None,
+    **options: Any,
+) -> Channel:
+    """Open a channel to the hub at ``url``.
 
-    ``tls=tensorwire.TLS(ca=...)`` and ``key=`` (its enrolled secret), or the URL options
-    ``?ca=&cert=&certkey=&secret=``, prove who it is and encrypt the traffic.
+    :param client_id: this client's id (default: ``host-pid-random``); a hub with enrolled
+        keys admits it only with its own ``key``.
+    :param codec: as for :func:`serve`.
+    :param checksum: per-tensor xxh3-64 digests on what the channel sends.
+    :param limits: what the channel accepts.
+    :param timeout: seconds to go on trying to reach the hub (it may not be up yet).
+    :param tls: ``tensorwire.TLS(ca=...)`` (with ``cert``/``key`` for mutual TLS).
+    :param key: the client's enrolled secret (bytes, hex, or a file of hex). The URL options
+        ``?ca=&cert=&certkey=&secret=`` do the same.
+    :param options: the transport's own, or ``options=`` a ready-made
+        :class:`ChannelOptions`.
     """
     cls = _load(url, "channel")
     url, from_url = Credentials.from_url(url, "channel")
-    return cls(url, cls.options_type.from_kwargs(options, from_url))
+    kwargs = _given(
+        options,
+        client_id=(client_id, None),
+        codec=(codec, "auto"),
+        checksum=(checksum, True),
+        limits=(limits, None),
+        timeout=(timeout, None),
+        tls=(tls, None),
+        key=(key, None),
+    )
+    return cls(url, cls.options_type.from_kwargs(kwargs, from_url))
 
 
 __all__ = [

@@ -55,9 +55,9 @@ PROTOCOL_MARKERS = {p: _MARKER_CYCLE[i] for i, p in enumerate(_KNOWN)}
 PROTOCOL_LINES: dict[str, Any] = {p: _LINE_CYCLE[i] for i, p in enumerate(_KNOWN)}
 
 # For protocols registered at run time: picked by a stable hash of the name.
-_SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252")
+SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252")
 
-_SPARE_MARKERS = ("<", ">", "d", "8", "H", "1", "2")
+SPARE_MARKERS = ("<", ">", "d", "8", "H", "1", "2")
 
 # In a comparison of runs, the runs are told apart by hatching (bars) and marker fill (lines).
 _RUN_HATCHES = ("", "//", "..", "xx", "\\\\", "++")
@@ -84,8 +84,8 @@ def protocol_style(protocol: str) -> Style:
     other chosen by a hash of its name, so it is the same in every figure and every run."""
     spare = zlib.crc32(protocol.encode())
     return Style(
-        color=PROTOCOL_COLORS.get(protocol, _SPARE_COLORS[spare % len(_SPARE_COLORS)]),
-        marker=PROTOCOL_MARKERS.get(protocol, _SPARE_MARKERS[spare % len(_SPARE_MARKERS)]),
+        color=PROTOCOL_COLORS.get(protocol, SPARE_COLORS[spare % len(SPARE_COLORS)]),
+        marker=PROTOCOL_MARKERS.get(protocol, SPARE_MARKERS[spare % len(SPARE_MARKERS)]),
         linestyle=PROTOCOL_LINES.get(protocol, "-"),
     )
 

@@ -126,7 +126,9 @@ class FLServer:
         Raises :class:`QuorumLost` when fewer devices than the quorum remain (the rounds
         done so far are written), :class:`FLError` for a model that does not fit."""
         started = time.time()
-        security = {"credentials": Credentials.from_dir(self.certs, "hub")} if self.certs else {}
+        security: dict[str, Any] = (
+            {"credentials": Credentials.from_dir(self.certs, "hub")} if self.certs else {}
+        )
         self.recorder.start(self.url, self.certs is not None, resumed_from=self.first_round - 1)
         outcome = "done"
         try:
@@ -147,6 +149,10 @@ class FLServer:
                         self.on_ready(hub.url)
                     self._serve_rounds()
                     self._finish()
+                except KeyboardInterrupt:
+                    outcome = f"interrupted after round {self._rounds_done()} of {self.cfg.rounds}"
+                    self.outbox.say_done(self.devices.connected(), error=outcome)
+                    raise
                 except BaseException as exc:
                     outcome = f"{type(exc).__name__}: {exc}"
                     self.outbox.say_done(self.devices.connected(), error=outcome)
@@ -158,6 +164,10 @@ class FLServer:
             self.outbox.join()
             self.recorder.finish(time.time() - started, outcome)
         return self.result
+
+    def _rounds_done(self) -> int:
+        """The last round whose row is written (0 before the first)."""
+        return max((int(row["round"]) for row in self.result.rounds), default=0)
 
     def _serve_rounds(self) -> None:
         if self.first_round > self.cfg.rounds:

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, overload
 
-from tensorwire.errors import SessionRefused, TransportTimeout
+from tensorwire.errors import SessionRefused, TransportTimeout, UnknownHost
 from tensorwire.transports.base.logs import log
 
 
@@ -23,9 +23,10 @@ def dial(
 ) -> Any:
     """Call ``connect(deadline)`` until it returns, backing off after each failure.
 
-    A refusal (:class:`SessionRefused`: wrong version, credential ...) is final and raised at
-    once; any other ``OSError`` is retried until ``timeout`` seconds have passed, saying so in
-    the log ("cannot reach WHAT (why), retrying (n; giving up in S s)"), then
+    A refusal (:class:`SessionRefused`: wrong version, credential ...) and a host name no name
+    server knows (:class:`UnknownHost`) are final and raised at once; any other ``OSError`` is
+    retried until ``timeout`` seconds have passed, saying so in the log ("cannot reach WHAT
+    (why), retrying (n; giving up in S s)"), then
     :class:`TransportTimeout` names the last error.
     """
     deadline = deadline_after(timeout)
@@ -38,6 +39,11 @@ def dial(
         except SessionRefused:
             raise
         except OSError as exc:
+            if isinstance(exc, socket.gaierror) and exc.errno == socket.EAI_NONAME:
+                raise UnknownHost(
+                    f"cannot reach {what}: its host name is not known ({exc.strerror}); "
+                    "check the URL"
+                ) from None
             left = remaining(deadline)
             if left is not None and left <= delay:
                 raise TransportTimeout(

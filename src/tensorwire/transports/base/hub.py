@@ -205,7 +205,7 @@ class Hub(Membership, ABC):
         *,
         timeout: float | None = None,
         clients: list[str] | None = None,
-    ) -> dict[str, TransferRecord]:
+    ) -> BroadcastResult:
         """Send one message to every client (or to ``clients``), concurrently.
 
         The message is encoded once per set of codecs the clients can decode. Each client's
