@@ -81,7 +81,6 @@ class AmqpHub(BrokerHub[_Peer]):
         self._queue_prefix = f"{self.prefix}.c."
         self._liveness = liveness
         self._next_check = time.monotonic() + liveness
-        self._pub = Publisher(address, f"tensorwire hub {self.prefix} (send)", HUB)
         self._consumer = Consumer(
             address,
             f"hub {self.prefix}",
@@ -92,13 +91,14 @@ class AmqpHub(BrokerHub[_Peer]):
             on_back=self._medium_back,
             on_gone=self._medium_gone,
         )
+        self._pub = Publisher(self._consumer, HUB)  # on the same connection
         self._consumer.start()
 
     # -- consumer thread --------------------------------------------------------------------
 
     def _setup(self, conn: pika.BlockingConnection) -> None:
         """Declare the uplink and the fanout exchange and consume the uplink (exclusively)."""
-        consuming = conn.channel()
+        self._consuming = consuming = conn.channel()
         try:
             consuming.exchange_declare(self._fanout, "fanout", durable=True)
             declare_queue(consuming, self._uplink)
@@ -259,7 +259,6 @@ class AmqpHub(BrokerHub[_Peer]):
         return True
 
     def _tick(self) -> None:
-        self._pub.keepalive()
         if time.monotonic() >= self._next_check:
             self._check_liveness()
             self._next_check = time.monotonic() + self._liveness
@@ -302,7 +301,8 @@ class AmqpHub(BrokerHub[_Peer]):
         self._pub.publish(self._fanout, "", enc, self.chunk, deadline, sealer)
 
     def _close_transport(self) -> None:
-        self._consumer.stop()
+        with contextlib.suppress(TransportError, px.AMQPError):  # no more hellos and data
+            self._consumer.call(lambda _: self._consuming.close(), deadline_after(BYE_TIMEOUT))
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
@@ -312,11 +312,15 @@ class AmqpHub(BrokerHub[_Peer]):
             sealer = self._sealer(self._keys([peer]))
             with contextlib.suppress(TransportError):  # gone, or the broker is: done anyway
                 self._pub.publish("", peer.queue, goodbye, CONTROL_CHUNK, deadline, sealer)
-        with self._pub.lock, contextlib.suppress(TransportError, px.AMQPError):
-            ch = self._pub.channel(deadline_after(BYE_TIMEOUT))
+
+        def delete(ch: Any) -> None:
             ch.queue_delete(self._uplink)
             ch.exchange_delete(self._fanout)
+
+        with contextlib.suppress(TransportError, px.AMQPError):
+            self._pub.run(delete, deadline_after(BYE_TIMEOUT))
         self._pub.close()
+        self._consumer.stop()
 
 
 class AmqpsHub(AmqpHub):
