@@ -77,7 +77,7 @@ def run_local(
 
     started = time.time()
     try:
-        with local_hub_url(protocol) as url:
+        with local_hub_url(protocol, devices=cfg.clients) as url:
             result = run_server(
                 url, cfg, on_round=on_round, on_ready=spawn, certs=certs, out_dir=out_dir
             )

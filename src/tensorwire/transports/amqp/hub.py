@@ -76,6 +76,7 @@ class AmqpHub(BrokerHub[_Peer]):
         )
         self.url = address.url_with(self.prefix, address.chunk if chunk is None else self.chunk)
         self._where = address.where
+        self.connection_max = address.connection_max
         self._uplink = f"{self.prefix}.up"
         self._fanout = f"{self.prefix}.all"
         self._queue_prefix = f"{self.prefix}.c."

@@ -26,6 +26,8 @@ from tensorwire.transports.session import HubSession
 from tensorwire.wire import PREFIX_SIZE, EncodedMessage
 
 log = logging.getLogger("tensorwire.transports.broker")
+# Share of the broker's connection limit the hub and its members fill when the hub warns
+NEAR_LIMIT = 0.9
 
 
 @dataclass(eq=False)
@@ -46,6 +48,8 @@ class BrokerHub(Hub, Generic[P]):
     chunked message may go without a chunk."""
 
     sees_client_certificates = False  # they reach the broker, never the hub
+    connection_max: int | None = None  # connections the broker lets in, if known
+    _near_limit = False  # warned, and the members have not dropped below the mark since
 
     def __init__(
         self, url: str, options: HubOptions, *, grace: float, reassembly_timeout: float
@@ -92,7 +96,30 @@ class BrokerHub(Hub, Generic[P]):
             old = self._peers.get(client_id)
             self._peers[client_id] = peer
             self._graces.clear(client_id)
+            members = len(self._peers)
+        self._mind_room(members)
         return old
+
+    def _mind_room(self, members: int) -> None:
+        """Warn once the hub's connection and one per member fill :data:`NEAR_LIMIT` of the
+        broker's ``connection_max`` (a log line and a ``broker-near-limit`` event); again
+        after they fell below it. Devices past the limit are refused by the broker."""
+        limit = self.connection_max
+        if limit is None:
+            return
+        used = members + 1
+        near = used >= NEAR_LIMIT * limit
+        if near == self._near_limit:
+            return
+        self._near_limit = near
+        if near:
+            why = (
+                f"the broker lets in {limit} connections (its connection limit) and this hub "
+                f"and its {members} devices hold {used}: devices past the limit will be refused "
+                "(BrokerFull); serve more on a broker sized for them (e.g. devices=N)"
+            )
+            log.warning("%s: %s", self.protocol, why)
+            self._event("broker-near-limit", None, why)
 
     def _forget(self, client_id: str, peer: P, reason: str) -> bool:
         """``client_id`` left, if ``peer`` is still its session (False: replaced or gone)."""
@@ -102,6 +129,8 @@ class BrokerHub(Hub, Generic[P]):
             del self._peers[client_id]
             self._graces.clear(client_id)
             self._changed.notify_all()
+            members = len(self._peers)
+        self._mind_room(members)
         self._left(client_id, reason, session=peer.session)
         return True
 

@@ -55,7 +55,8 @@ def size_for(devices: int | None, fds: int | None, footprint: Footprint) -> Brok
     descriptors if given; never above this process's hard limit (a child cannot raise it)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if fds is None:
-        need = footprint.fixed + footprint.per_device * ((devices or 0) + SPARE_CONNECTIONS)
+        # the devices, their hub, and the spares both within the limit and past it
+        need = footprint.fixed + footprint.per_device * ((devices or 0) + 1 + 2 * SPARE_CONNECTIONS)
         fds = max(MIN_FDS, need)
     if hard != resource.RLIM_INFINITY:
         fds = min(fds, hard)
