@@ -4,7 +4,6 @@ keeps running, its hub having warned before."""
 
 from __future__ import annotations
 
-import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,29 +15,8 @@ import tensorwire
 from tensorwire.errors import BrokerFull, MissingDependency
 from tensorwire.transports.amqp import AmqpAddress
 from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker, rabbitmq_answers
-from tensorwire.transports.brokers.sizing import (
-    MOSQUITTO,
-    RABBITMQ,
-    SPARE_CONNECTIONS,
-    size_for,
-)
 
 T = 120.0  # seconds: a join on a loaded 2-core machine
-
-
-def test_a_broker_gets_descriptors_for_its_devices_within_this_process_hard_limit():
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    small = size_for(None, None, RABBITMQ)
-    assert small.fds == min(1024, hard) and small.connections >= 1
-    thousand = size_for(1000, None, RABBITMQ)
-    if hard >= thousand.fds:
-        assert thousand.connections >= 1000 + 1 + SPARE_CONNECTIONS  # the hub and spares too
-    assert thousand.fds <= hard
-    fixed = size_for(500, 1024, RABBITMQ)  # a given limit wins over the devices
-    assert fixed.fds == 1024 and fixed.connections < 500
-    assert size_for(1000, None, MOSQUITTO).fds < size_for(1000, None, RABBITMQ).fds
-    with pytest.raises(ValueError, match="no room"):
-        size_for(None, 300, RABBITMQ)
 
 
 def test_a_private_broker_url_names_its_connection_limit():
@@ -104,3 +82,32 @@ def test_devices_past_a_full_broker_get_BrokerFull_the_hub_warned_and_the_broker
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda ch: ch.close(), joined))
     assert rabbitmq_answers(full_broker.plain_url(), timeout=30)
+
+
+def test_a_hub_callback_sends_on_the_one_connection_without_waiting_for_itself(full_broker):
+    """on_join runs on the thread of the hub's connection: a send to one and a broadcast to
+    some from there publish at once (a worker thread would wait for that thread forever)."""
+    greeted: list[str] = []
+    hub_box: list = []
+
+    def on_join(cid: str) -> None:
+        hub = hub_box[0]
+        hub.send(cid, meta={"hi": cid}, timeout=T)
+        if cid == "b":
+            sent = hub.broadcast(meta={"both": 1}, clients=["a", "b"], timeout=T)
+            assert sorted(sent) == ["a", "b"]
+        greeted.append(cid)
+
+    with tensorwire.serve(full_broker.url("callbacks"), codec=None, on_join=on_join) as hub:
+        hub_box.append(hub)
+        with (
+            tensorwire.connect(hub.url, client_id="z", codec=None, timeout=T) as z,
+            tensorwire.connect(hub.url, client_id="a", codec=None, timeout=T) as a,
+        ):
+            assert z.recv(timeout=T).meta == {"hi": "z"}  # z makes [a, b] a subset: unicasts
+            assert a.recv(timeout=T).meta == {"hi": "a"}
+            with tensorwire.connect(hub.url, client_id="b", codec=None, timeout=T) as b:
+                assert b.recv(timeout=T).meta == {"hi": "b"}
+                assert a.recv(timeout=T).meta == {"both": 1}
+                assert b.recv(timeout=T).meta == {"both": 1}
+                assert greeted == ["z", "a", "b"]

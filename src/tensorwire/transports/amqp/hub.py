@@ -301,6 +301,21 @@ class AmqpHub(BrokerHub[_Peer]):
     def _publish_all(self, enc: EncodedMessage, deadline: float | None, sealer: Any) -> None:
         self._pub.publish(self._fanout, "", enc, self.chunk, deadline, sealer)
 
+    def _unicasts(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """One after another: they all go through the one connection's thread anyway, and
+        from a callback on that thread, worker threads would wait for it while it waits."""
+        results: dict[str, float | Exception] = {}
+        for client in clients:
+            t = time.perf_counter()
+            try:
+                self._send_encoded(client, enc, deadline)
+                results[client] = time.perf_counter() - t
+            except Exception as exc:  # the caller's result for that client
+                results[client] = exc
+        return results
+
     def _close_transport(self) -> None:
         with contextlib.suppress(TransportError, px.AMQPError):  # no more hellos and data
             self._consumer.call(lambda _: self._consuming.close(), deadline_after(BYE_TIMEOUT))

@@ -182,6 +182,12 @@ class BrokerHub(Hub, Generic[P]):
             raise PeerGone(f"client {client_id!r} is not connected")
         self._publish_to(client_id, peer, enc, deadline, self._sealer(self._keys([peer])))
 
+    def _unicasts(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """``enc`` to each of ``clients`` by unicast: concurrently by default (the template's)."""
+        return super()._send_many(clients, enc, deadline)
+
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
@@ -190,14 +196,14 @@ class BrokerHub(Hub, Generic[P]):
         with self._lock:
             everyone = set(clients) == set(self._peers)
         if not everyone:
-            return super()._send_many(clients, enc, deadline)
+            return self._unicasts(clients, enc, deadline)
         results: dict[str, float | Exception] = dict(self._unreachable(clients, deadline))
         reached = [c for c in clients if c not in results]
         with self._lock:
             peers = [self._peers.get(c) for c in reached]
         keys = self._keys(peers)
         if not reached or 0 < len(keys) < len(reached):
-            return {**results, **super()._send_many(reached, enc, deadline)} if reached else results
+            return {**results, **self._unicasts(reached, enc, deadline)} if reached else results
         t = time.perf_counter()
         try:
             self._publish_all(enc, deadline, self._sealer(keys))
