@@ -111,3 +111,39 @@ def test_a_hub_callback_sends_on_the_one_connection_without_waiting_for_itself(f
                 assert a.recv(timeout=T).meta == {"both": 1}
                 assert b.recv(timeout=T).meta == {"both": 1}
                 assert greeted == ["z", "a", "b"]
+
+
+def test_liveness_looks_at_a_bounded_number_of_members_per_check_and_still_notices_a_drop(
+    full_broker, monkeypatch
+):
+    from tensorwire.transports.amqp import hub as amqp_hub
+
+    monkeypatch.setattr(amqp_hub, "LIVENESS_PROBES", 1)
+    reasons: list[str] = []
+    looks: list[float] = []
+    with tensorwire.serve(
+        full_broker.url("liveness"), codec=None, on_leave=lambda cid, why: reasons.append(why)
+    ) as hub:
+        chans = [
+            tensorwire.connect(hub.url, client_id=f"m{i}", codec=None, timeout=T) for i in range(3)
+        ]
+        try:
+            hub.wait_for(3, timeout=T)
+            consumers = hub._admin.consumers
+
+            def counted(queue: str) -> int:
+                looks.append(time.monotonic())
+                return consumers(queue)
+
+            hub._admin.consumers = counted
+            chans[1]._drop()  # its connection is gone, without a goodbye
+            deadline = time.monotonic() + T
+            while "m1" in hub.clients and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "m1" not in hub.clients and "dropped" in reasons[0]
+            assert sorted(hub.clients) == ["m0", "m2"]
+            checks = (looks[-1] - looks[0]) / hub._liveness + 1  # each check's looks: 1 or 2
+            assert len(looks) <= 2 * checks + 2
+        finally:
+            for ch in chans:
+                ch.close()

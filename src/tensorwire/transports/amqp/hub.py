@@ -31,6 +31,7 @@ from tensorwire.transports.amqp.settings import (
     DEFAULT_CHUNK,
     HUB,
     LEAVE_GRACE,
+    LIVENESS_PROBES,
     MAX_NAME,
     OUTAGE_LIMIT,
     PREFETCH,
@@ -81,6 +82,7 @@ class AmqpHub(BrokerHub[_Peer]):
         self._fanout = f"{self.prefix}.all"
         self._queue_prefix = f"{self.prefix}.c."
         self._liveness = liveness
+        self._probe_at = 0  # where the next liveness check starts among the members
         self._next_check = time.monotonic() + liveness
         self._consumer = Consumer(
             address,
@@ -266,9 +268,18 @@ class AmqpHub(BrokerHub[_Peer]):
         super()._tick()
 
     def _check_liveness(self) -> None:
-        """A member whose queue has no consumer is suspected; gone after LEAVE_GRACE seconds."""
+        """A member whose queue has no consumer is suspected; gone after LEAVE_GRACE seconds.
+
+        Suspects are looked at every check; of the others :data:`LIVENESS_PROBES` per check,
+        in turn: each look is a round trip to the broker on this thread, which also admits
+        new members (every member every second would cost it N round trips a second)."""
         with self._lock:
-            peers = list(self._peers.items())
+            members = list(self._peers.items())
+            suspects = [(cid, peer) for cid, peer in members if cid in self._graces]
+        start = self._probe_at % len(members) if members else 0
+        turn = (members[start:] + members[:start])[:LIVENESS_PROBES]
+        self._probe_at = start + len(turn)
+        peers = suspects + [m for m in turn if m[0] not in self._graces]
         why = (
             f"its connection to the broker dropped (its queue had no consumer for "
             f"{LEAVE_GRACE:g} s)"

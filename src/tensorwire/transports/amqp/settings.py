@@ -32,6 +32,7 @@ BYE_TIMEOUT = 2.0  # seconds spent saying goodbye (and cleaning up) before closi
 RECONNECT_TIMEOUT = 60.0  # seconds a send without a timeout waits for a lost broker
 OUTAGE_LIMIT = 600.0  # seconds without the broker before a channel gives up, a hub's members go
 LEAVE_GRACE = 10.0  # seconds a member's queue may go unconsumed (it is reconnecting) on the hub
+LIVENESS_PROBES = 64  # members' queues the hub looks at per liveness check (each a round trip)
 HUB_GRACE = 30.0  # seconds the uplink may go unconsumed (the hub is reconnecting), for a client
 HUB_CHECK = 2.0  # seconds between a client's looks at the uplink
 HELLO_RETRY = 2.0  # seconds to wait for a welcome before saying hello again
