@@ -21,13 +21,12 @@ from tensorwire.transports.base import Hub, HubOptions
 from tensorwire.transports.broker.graces import Graces
 from tensorwire.transports.broker.inflow import Inflow
 from tensorwire.transports.broker.payloads import HUB_SENDER
+from tensorwire.transports.brokers.sizing import NEAR_LIMIT
 from tensorwire.transports.security import ReplayWindow, Sealer
 from tensorwire.transports.session import HubSession
 from tensorwire.wire import PREFIX_SIZE, EncodedMessage
 
 log = logging.getLogger("tensorwire.transports.broker")
-# Share of the broker's connection limit the hub and its members fill when the hub warns
-NEAR_LIMIT = 0.9
 
 
 @dataclass(eq=False)

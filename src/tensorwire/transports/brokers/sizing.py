@@ -12,12 +12,14 @@ running.
 
 from __future__ import annotations
 
+import math
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_FDS = 1024  # what a broker gets at least: the usual soft limit
 SPARE_CONNECTIONS = 16  # for the hub, probes and reconnections racing their old connection
+NEAR_LIMIT = 0.9  # share of its connection limit at which a hub warns (sized to stay below it)
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,10 @@ def size_for(devices: int | None, fds: int | None, footprint: Footprint) -> Brok
     descriptors if given; never above this process's hard limit (a child cannot raise it)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if fds is None:
-        # the devices, their hub, and the spares both within the limit and past it
-        need = footprint.fixed + footprint.per_device * ((devices or 0) + 1 + 2 * SPARE_CONNECTIONS)
+        # the devices and their hub below the warning mark, and the spares within the limit
+        # and past it
+        held = math.ceil(((devices or 0) + 1) / NEAR_LIMIT)
+        need = footprint.fixed + footprint.per_device * (held + 2 * SPARE_CONNECTIONS)
         fds = max(MIN_FDS, need)
     if hard != resource.RLIM_INFINITY:
         fds = min(fds, hard)
