@@ -31,6 +31,7 @@ from tensorwire.transports.amqp.settings import (
     CONTROL_CHUNK,
     DEFAULT_CHUNK,
     HELLO_RETRY,
+    HELLO_RETRY_MAX,
     HUB,
     HUB_CHECK,
     HUB_GRACE,
@@ -111,6 +112,7 @@ class AmqpChannel(BrokerChannel):
         self._afresh = False  # asking in a new session: the hub no longer had ours
         self._hub_grace.clear("hub")
         self._next_hub_check = 0.0
+        self._hello_wait = HELLO_RETRY  # seconds the next hello waits for its answer
         self._begun = True
 
     def _open(self, deadline: float | None) -> Welcomed:
@@ -132,11 +134,13 @@ class AmqpChannel(BrokerChannel):
             self._consumer.start()
         assert self._pub is not None
         self._pub.publish("", self._uplink, self._hello, CONTROL_CHUNK, deadline)
-        wait_until = min(time.monotonic() + HELLO_RETRY, deadline or float("inf"))
+        wait_until = min(time.monotonic() + self._hello_wait, deadline or float("inf"))
         with self._cond:
             while self._reply is None:
                 left = remaining(wait_until)
                 if left == 0.0:
+                    # a hub with many hellos to answer: each repeat would add to its backlog
+                    self._hello_wait = min(2 * self._hello_wait, HELLO_RETRY_MAX)
                     raise TransportTimeout(
                         f"the hub at {self._shown} has not answered the hello yet"
                     )

@@ -36,6 +36,7 @@ LIVENESS_PROBES = 64  # members' queues the hub looks at per liveness check (eac
 HUB_GRACE = 30.0  # seconds the uplink may go unconsumed (the hub is reconnecting), for a client
 HUB_CHECK = 2.0  # seconds between a client's looks at the uplink
 HELLO_RETRY = 2.0  # seconds to wait for a welcome before saying hello again
+HELLO_RETRY_MAX = 16.0  # seconds: the wait doubles after each hello an existing hub left unanswered
 TICK = 0.5  # seconds between the consumer thread's bookkeeping rounds at most
 HEARTBEAT = 180  # seconds: tolerates a heartbeat ~95 s late (see the package's docstring)
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect: SYN retries at 1, 3, 7, 15 s fit
