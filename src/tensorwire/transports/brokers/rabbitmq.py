@@ -447,8 +447,8 @@ def _check_tls(tls: TLS | None) -> None:
 @contextlib.contextmanager
 def ensure_rabbitmq(url: str, **broker_options: object) -> Iterator[str]:
     """Yield ``url`` if a broker accepts it, else the URL of a private :class:`RabbitMQBroker`
-    (``url`` with host and port replaced and its ``connection_max=``; its user, password and
-    vhost are created) that is stopped when the block ends. A private broker for an
+    (``url`` with host and port replaced; its user, password and vhost are created) that is
+    stopped when the block ends. A private broker for an
     ``amqps://`` URL needs certificates: give ``tls=`` (``tensorwire certs`` makes them)."""
     if rabbitmq_answers(url):
         yield url
@@ -465,10 +465,4 @@ def ensure_rabbitmq(url: str, **broker_options: object) -> Iterator[str]:
         parts = urlsplit(url)
         userinfo = parts.netloc.rpartition("@")[0]
         netloc = f"{userinfo}@" if userinfo else ""
-        query = f"{parts.query}&" if parts.query else ""
-        yield urlunsplit(
-            parts._replace(
-                netloc=f"{netloc}{broker.host}:{broker.port}",
-                query=f"{query}connection_max={broker.limits.connections}",
-            )
-        )
+        yield urlunsplit(parts._replace(netloc=f"{netloc}{broker.host}:{broker.port}"))
