@@ -13,6 +13,7 @@ from typing import Any
 from tensorwire.codecs import get_codec, resolve_codecs
 from tensorwire.errors import (
     AuthenticationError,
+    BrokerFull,
     DeliveryUncertain,
     GatherTimeout,
     MissingDependency,
@@ -67,6 +68,7 @@ def decode(
 __all__ = [
     "TLS",
     "AuthenticationError",
+    "BrokerFull",
     "Channel",
     "DeliveryUncertain",
     "EncodedMessage",

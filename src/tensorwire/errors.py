@@ -147,6 +147,15 @@ class AuthenticationError(SessionRefused):
     code = "auth"
 
 
+class BrokerFull(SessionRefused):
+    """The broker refused this connection: it is at its limit of connections (or of file
+    descriptors); the message names the limit. Final, not retried: a device more than the
+    broker was sized for does not fit until another leaves, or a broker sized for more runs
+    (``RabbitMQBroker(devices=N)``, ``MosquittoBroker(devices=N)``)."""
+
+    code = "broker-full"
+
+
 # --- collective --------------------------------------------------------------------------
 
 

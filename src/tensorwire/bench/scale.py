@@ -72,15 +72,16 @@ def usage() -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _private_hub_url(transport: str) -> Iterator[str]:
-    """A hub URL on loopback; a broker transport's on a private broker of its own."""
+def _private_hub_url(transport: str, devices: int) -> Iterator[str]:
+    """A hub URL on loopback; a broker transport's on a private broker of its own, sized for
+    ``devices``."""
     entry = get_transport(transport)
     broker = entry.broker_kind()
     if broker is None:
         with local_hub_url(transport) as url:
             yield url
         return
-    with broker.load("server")() as server:
+    with broker.load("server")(devices=devices) as server:
         yield server.url(f"tw-scale-{os.getpid()}")
 
 
@@ -150,7 +151,7 @@ def scale_case(
     """One transport at ``n`` clients (see the module doc): a row of the table."""
     deadline = time.monotonic() + timeout
     row: dict[str, Any] = {"transport": transport, "clients": n}
-    with _private_hub_url(transport) as url, tensorwire.serve(url, codec=None) as hub:
+    with _private_hub_url(transport, n) as url, tensorwire.serve(url, codec=None) as hub:
         before = usage()
         procs_ = _spawn(hub.url, n, min(procs, n), reply_bytes, timeout)
         try:

@@ -80,7 +80,7 @@ def run_local(
 
     started = time.time()
     try:
-        with local_hub_url(protocol) as url:
+        with local_hub_url(protocol, devices=cfg.clients) as url:
             result = run_server(
                 url,
                 cfg,

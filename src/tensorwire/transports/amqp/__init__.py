@@ -15,10 +15,12 @@ for :data:`LEAVE_GRACE` seconds of connected time, the hub once the uplink had n
 :data:`HUB_GRACE`. Other query parameters go to pika (``heartbeat``, ``socket_timeout``,
 ``stack_timeout`` ..., with defaults sized for lossy links); an unknown one raises.
 
-Files: ``settings`` (URL, options, timing), ``connection`` (reaching RabbitMQ), ``control``
-(session messages), ``publisher`` and ``consumer`` (each endpoint's two pika connections, since
-pika's are not thread-safe), ``hub``, ``channel``; sealing, reassembly, the medium and graces
-are ``transports.broker``'s.
+Each endpoint holds one broker connection (a device costs the broker one), owned by one thread
+since pika's are not thread-safe. Files: ``settings`` (URL, options, timing), ``connection``
+(reaching RabbitMQ; ``BrokerFull`` at its connection limit), ``control`` (session messages),
+``consumer`` (the connection and its thread, which runs the others' publishes too),
+``publisher`` (confirmed chunks, from any thread), ``hub``, ``channel``; sealing, reassembly,
+the medium and graces are ``transports.broker``'s.
 """
 
 from tensorwire.transports.amqp.channel import AmqpChannel, AmqpsChannel

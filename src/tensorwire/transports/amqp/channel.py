@@ -31,6 +31,7 @@ from tensorwire.transports.amqp.settings import (
     CONTROL_CHUNK,
     DEFAULT_CHUNK,
     HELLO_RETRY,
+    HELLO_RETRY_MAX,
     HUB,
     HUB_CHECK,
     HUB_GRACE,
@@ -111,14 +112,13 @@ class AmqpChannel(BrokerChannel):
         self._afresh = False  # asking in a new session: the hub no longer had ours
         self._hub_grace.clear("hub")
         self._next_hub_check = 0.0
-        self._pub = Publisher(self._address, f"tensorwire {self.client_id} (send)", self.client_id)
+        self._hello_wait = HELLO_RETRY  # seconds the next hello waits for its answer
         self._begun = True
 
     def _open(self, deadline: float | None) -> Welcomed:
         """Consume our queue (once), say hello, and wait a while for the answer."""
         if not self._begun:
             self._begin()
-        assert self._pub is not None
         if self._consumer is None:
             self._consumer = Consumer(
                 self._address,
@@ -130,13 +130,17 @@ class AmqpChannel(BrokerChannel):
                 on_back=self._medium_back,
                 on_gone=self._medium_gone,
             )
+            self._pub = Publisher(self._consumer, self.client_id)  # on the same connection
             self._consumer.start()
+        assert self._pub is not None
         self._pub.publish("", self._uplink, self._hello, CONTROL_CHUNK, deadline)
-        wait_until = min(time.monotonic() + HELLO_RETRY, deadline or float("inf"))
+        wait_until = min(time.monotonic() + self._hello_wait, deadline or float("inf"))
         with self._cond:
             while self._reply is None:
                 left = remaining(wait_until)
                 if left == 0.0:
+                    # a hub with many hellos to answer: each repeat would add to its backlog
+                    self._hello_wait = min(2 * self._hello_wait, HELLO_RETRY_MAX)
                     raise TransportTimeout(
                         f"the hub at {self._shown} has not answered the hello yet"
                     )
@@ -320,8 +324,6 @@ class AmqpChannel(BrokerChannel):
     def _tick(self) -> None:
         for _, exc in self._inflow.expire():
             self._dropped(exc)
-        if self._pub is not None:
-            self._pub.keepalive()
         now = time.monotonic()
         if self._rehello_at is not None and now >= self._rehello_at:
             sealer = self._sealer()
@@ -393,25 +395,24 @@ class AmqpChannel(BrokerChannel):
 
     def _delete_queue(self, queue: str) -> None:
         """Delete one of our queues, if the broker answers within BYE_TIMEOUT."""
-        assert self._pub is not None
-        with self._pub.lock, contextlib.suppress(TransportError, px.AMQPError):
-            self._pub.channel(deadline_after(BYE_TIMEOUT)).queue_delete(queue)
+        if self._pub is not None:
+            with contextlib.suppress(TransportError, px.AMQPError):
+                self._pub.run(lambda ch: ch.queue_delete(queue), deadline_after(BYE_TIMEOUT))
 
     def _drop(self) -> None:
-        """Close both connections without a goodbye (the hub notices our queue goes unread)."""
+        """Close the connection without a goodbye (the hub notices our queue goes unread)."""
         self._closed, self._begun = True, False
         self._inbox.fail(PeerGone("channel is closed; call reconnect()"))
-        if self._consumer is not None:
-            self._consumer.stop()
-            self._consumer = None
         if self._pub is not None:
             self._pub.close()
-
-    def _release_queue(self) -> None:
-        """Stop consuming and delete our queue."""
+            self._pub = None
         if self._consumer is not None:
             self._consumer.stop()
             self._consumer = None
+
+    def _release_queue(self) -> None:
+        """Delete our queue (which ends consuming it); the connection is closed by _drop."""
+        if self._consumer is not None:
             self._delete_queue(self._queue)
 
     def _abandon(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import re
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,7 @@ import pika
 import pika.exceptions as px
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
-from tensorwire.errors import AuthenticationError, SessionRefused, TransportError
+from tensorwire.errors import AuthenticationError, BrokerFull, SessionRefused, TransportError
 from tensorwire.transports.amqp.settings import QUEUE_EXPIRES_MS, AmqpAddress
 from tensorwire.transports.base import dial, remaining
 from tensorwire.transports.session import CLIENT_ID
@@ -24,6 +25,8 @@ log = logging.getLogger("tensorwire.transports.amqp")
 _READ_BYTES = 1 << 16  # see _widen_reads
 CLIENT_HEADER = "tw-client"
 _QUEUE_ARGS = {"x-expires": QUEUE_EXPIRES_MS}
+# RabbitMQ's refusal at a vhost's (or user's) max-connections
+_FULL = re.compile(r"connection limit \((\d+)\) is reached")
 _PERSISTENT = 2  # AMQP delivery mode: the broker keeps the message on disk until consumed
 
 # pika logs every failed connection attempt and lost connection at ERROR, with tracebacks; those
@@ -78,6 +81,14 @@ def connect_once(
             f"RabbitMQ at {address.where} refused the credentials in the URL: {exc!r}"
         ) from None
     except px.ProbableAccessDeniedError as exc:
+        full = _FULL.search(str(exc))
+        if full:
+            raise BrokerFull(
+                f"RabbitMQ at {address.where} refused the connection: it holds its "
+                f"connection limit ({full[1]} connections); this device does not fit until "
+                "another leaves: give the broker room for more devices "
+                "(RabbitMQBroker(devices=N), or its vhost's max-connections)"
+            ) from None
         raise SessionRefused(
             f"RabbitMQ at {address.where}: no access to the vhost: {exc!r}"
         ) from None

@@ -1,5 +1,7 @@
-"""The consuming connection of an AMQP endpoint: one thread that runs its deliveries and the
-endpoint's bookkeeping, and rides out the broker going away (medium lost / back)."""
+"""The one broker connection of an AMQP endpoint: one thread that runs its deliveries, the
+endpoint's bookkeeping and every other thread's publishes (pika's connections are not
+thread-safe: :meth:`Consumer.call` hands work to it), and rides out the broker going away
+(medium lost / back)."""
 
 from __future__ import annotations
 
@@ -7,17 +9,32 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pika
 import pika.exceptions as px
 
-from tensorwire.errors import TransportError
+from tensorwire.errors import PeerGone, TransportError, TransportTimeout
 from tensorwire.transports.amqp.connection import close_quietly, connect_blocking, connect_once
 from tensorwire.transports.amqp.settings import OUTAGE_LIMIT, TICK, AmqpAddress
-from tensorwire.transports.base import dial
+from tensorwire.transports.base import dial, remaining
 
 log = logging.getLogger("tensorwire.transports.amqp")
+R = TypeVar("R")
+
+
+class _Job:
+    """Work for the connection's thread, and what came of it."""
+
+    def __init__(self, fn: Callable[[pika.BlockingConnection], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.started = False
+        self.cancelled = False  # its caller gave up before it started: skipped
+        self.result: Any = None
+        self.error: BaseException | None = None
 
 
 class _Stopped(Exception):
@@ -25,7 +42,8 @@ class _Stopped(Exception):
 
 
 class Consumer(threading.Thread):
-    """Owns the consuming connection: runs its deliveries and ``tick()`` until :meth:`stop`.
+    """Owns the endpoint's one connection: runs its deliveries, ``tick()`` and the work other
+    threads hand it (:meth:`call`) until :meth:`stop`.
 
     The first connection is made (retried until ``deadline``) and ``setup(conn)`` run on it in
     the constructor, so their errors are the caller's. When the broker connection is lost it
@@ -56,6 +74,7 @@ class Consumer(threading.Thread):
         self._on_back = on_back
         self._on_gone = on_gone
         self._stopping = False
+        self._jobs: deque[_Job] = deque()
         self.conn = connect_blocking(address, deadline, self._conn_name)
         try:
             setup(self.conn)
@@ -80,6 +99,7 @@ class Consumer(threading.Thread):
             while not self._stopping:
                 try:
                     self.conn.process_data_events(time_limit=TICK)
+                    self._run_jobs()
                     self._tick()
                     continue
                 except (px.AMQPError, OSError) as exc:
@@ -93,6 +113,46 @@ class Consumer(threading.Thread):
                 self._reconnect(lost)
         finally:
             close_quietly(self.conn)
+            for job in self._jobs:
+                job.error = PeerGone("this endpoint is closed")
+                job.done.set()
+
+    def call(self, fn: Callable[[pika.BlockingConnection], R], deadline: float | None) -> R:
+        """``fn(connection)`` run on the connection's thread (at once if called from it); its
+        result or its exception. While the broker is away it waits for the connection to come
+        back; ``TransportTimeout`` if it has not started by ``deadline``."""
+        if threading.current_thread() is self:
+            return fn(self.conn)
+        if self._stopping:
+            raise PeerGone("this endpoint is closed")
+        job = _Job(fn)
+        self._jobs.append(job)
+        if not self.is_alive() and not job.done.is_set():  # ended meanwhile: nobody runs it
+            raise PeerGone("this endpoint is closed")
+        with contextlib.suppress(px.AMQPError, OSError):  # lost: run once it is back
+            self.conn.add_callback_threadsafe(self._run_jobs)
+        if not job.done.wait(remaining(deadline)):
+            job.cancelled = True
+            if not job.started:
+                raise TransportTimeout("the broker connection was not free in time")
+            job.done.wait()  # begun: a publish ends by its confirm or a lost connection
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _run_jobs(self) -> None:
+        """Run what other threads handed over (on this thread, the connection's)."""
+        while self._jobs and not self._stopping:
+            job = self._jobs.popleft()
+            if job.cancelled:
+                continue
+            job.started = True
+            try:
+                job.result = job.fn(self.conn)
+            except BaseException as exc:  # the caller's to see (a lost connection too)
+                job.error = exc
+            finally:
+                job.done.set()
 
     def _reconnect(self, lost: Exception) -> None:
         self._on_lost(f"lost RabbitMQ at {self._address.where} ({lost!r})")

@@ -31,6 +31,7 @@ from tensorwire.transports.amqp.settings import (
     DEFAULT_CHUNK,
     HUB,
     LEAVE_GRACE,
+    LIVENESS_PROBES,
     MAX_NAME,
     OUTAGE_LIMIT,
     PREFETCH,
@@ -76,12 +77,13 @@ class AmqpHub(BrokerHub[_Peer]):
         )
         self.url = address.url_with(self.prefix, address.chunk if chunk is None else self.chunk)
         self._where = address.where
+        self.connection_max = address.connection_max
         self._uplink = f"{self.prefix}.up"
         self._fanout = f"{self.prefix}.all"
         self._queue_prefix = f"{self.prefix}.c."
         self._liveness = liveness
+        self._probe_at = 0  # where the next liveness check starts among the members
         self._next_check = time.monotonic() + liveness
-        self._pub = Publisher(address, f"tensorwire hub {self.prefix} (send)", HUB)
         self._consumer = Consumer(
             address,
             f"hub {self.prefix}",
@@ -92,13 +94,14 @@ class AmqpHub(BrokerHub[_Peer]):
             on_back=self._medium_back,
             on_gone=self._medium_gone,
         )
+        self._pub = Publisher(self._consumer, HUB)  # on the same connection
         self._consumer.start()
 
     # -- consumer thread --------------------------------------------------------------------
 
     def _setup(self, conn: pika.BlockingConnection) -> None:
         """Declare the uplink and the fanout exchange and consume the uplink (exclusively)."""
-        consuming = conn.channel()
+        self._consuming = consuming = conn.channel()
         try:
             consuming.exchange_declare(self._fanout, "fanout", durable=True)
             declare_queue(consuming, self._uplink)
@@ -259,16 +262,24 @@ class AmqpHub(BrokerHub[_Peer]):
         return True
 
     def _tick(self) -> None:
-        self._pub.keepalive()
         if time.monotonic() >= self._next_check:
             self._check_liveness()
             self._next_check = time.monotonic() + self._liveness
         super()._tick()
 
     def _check_liveness(self) -> None:
-        """A member whose queue has no consumer is suspected; gone after LEAVE_GRACE seconds."""
+        """A member whose queue has no consumer is suspected; gone after LEAVE_GRACE seconds.
+
+        Suspects are looked at every check; of the others :data:`LIVENESS_PROBES` per check,
+        in turn: each look is a round trip to the broker on this thread, which also admits
+        new members (every member every second would cost it N round trips a second)."""
         with self._lock:
-            peers = list(self._peers.items())
+            members = list(self._peers.items())
+            suspects = [(cid, peer) for cid, peer in members if cid in self._graces]
+        start = self._probe_at % len(members) if members else 0
+        turn = (members[start:] + members[:start])[:LIVENESS_PROBES]
+        self._probe_at = start + len(turn)
+        peers = suspects + [m for m in turn if m[0] not in self._graces]
         why = (
             f"its connection to the broker dropped (its queue had no consumer for "
             f"{LEAVE_GRACE:g} s)"
@@ -301,8 +312,24 @@ class AmqpHub(BrokerHub[_Peer]):
     def _publish_all(self, enc: EncodedMessage, deadline: float | None, sealer: Any) -> None:
         self._pub.publish(self._fanout, "", enc, self.chunk, deadline, sealer)
 
+    def _unicasts(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """One after another: they all go through the one connection's thread anyway, and
+        from a callback on that thread, worker threads would wait for it while it waits."""
+        results: dict[str, float | Exception] = {}
+        for client in clients:
+            t = time.perf_counter()
+            try:
+                self._send_encoded(client, enc, deadline)
+                results[client] = time.perf_counter() - t
+            except Exception as exc:  # the caller's result for that client
+                results[client] = exc
+        return results
+
     def _close_transport(self) -> None:
-        self._consumer.stop()
+        with contextlib.suppress(TransportError, px.AMQPError):  # no more hellos and data
+            self._consumer.call(lambda _: self._consuming.close(), deadline_after(BYE_TIMEOUT))
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
@@ -312,11 +339,15 @@ class AmqpHub(BrokerHub[_Peer]):
             sealer = self._sealer(self._keys([peer]))
             with contextlib.suppress(TransportError):  # gone, or the broker is: done anyway
                 self._pub.publish("", peer.queue, goodbye, CONTROL_CHUNK, deadline, sealer)
-        with self._pub.lock, contextlib.suppress(TransportError, px.AMQPError):
-            ch = self._pub.channel(deadline_after(BYE_TIMEOUT))
+
+        def delete(ch: Any) -> None:
             ch.queue_delete(self._uplink)
             ch.exchange_delete(self._fanout)
+
+        with contextlib.suppress(TransportError, px.AMQPError):
+            self._pub.run(delete, deadline_after(BYE_TIMEOUT))
         self._pub.close()
+        self._consumer.stop()
 
 
 class AmqpsHub(AmqpHub):

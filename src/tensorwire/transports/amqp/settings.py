@@ -32,11 +32,12 @@ BYE_TIMEOUT = 2.0  # seconds spent saying goodbye (and cleaning up) before closi
 RECONNECT_TIMEOUT = 60.0  # seconds a send without a timeout waits for a lost broker
 OUTAGE_LIMIT = 600.0  # seconds without the broker before a channel gives up, a hub's members go
 LEAVE_GRACE = 10.0  # seconds a member's queue may go unconsumed (it is reconnecting) on the hub
+LIVENESS_PROBES = 64  # members' queues the hub looks at per liveness check (each a round trip)
 HUB_GRACE = 30.0  # seconds the uplink may go unconsumed (the hub is reconnecting), for a client
 HUB_CHECK = 2.0  # seconds between a client's looks at the uplink
 HELLO_RETRY = 2.0  # seconds to wait for a welcome before saying hello again
+HELLO_RETRY_MAX = 16.0  # seconds: the wait doubles after each hello an existing hub left unanswered
 TICK = 0.5  # seconds between the consumer thread's bookkeeping rounds at most
-KEEPALIVE = 10.0  # seconds between services of an idle publisher connection (heartbeats)
 HEARTBEAT = 180  # seconds: tolerates a heartbeat ~95 s late (see the package's docstring)
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect: SYN retries at 1, 3, 7, 15 s fit
 HANDSHAKE_TIMEOUT = 60.0  # seconds for connect + AMQP handshake (pika's 15 s fails at 20 % loss)
@@ -46,7 +47,7 @@ _PIKA_DEFAULTS = {
     "stack_timeout": HANDSHAKE_TIMEOUT,
 }
 MAX_NAME = 255  # bytes: AMQP short strings (queue and exchange names)
-_OUR_QUERY = ("prefix", "chunk")
+_OUR_QUERY = ("prefix", "chunk", "connection_max")
 # pika's URL options, but ssl_options: TLS is tensorwire's tls= (or amqps://, ?tls=1&ca=...)
 _PIKA_QUERY = tuple(
     sorted(
@@ -80,8 +81,10 @@ class AmqpAddress:
     tensorwire's options.
 
     ``prefix`` names the hub's queues and exchange (``None``: the hub picks one); ``chunk`` is
-    the most bytes per AMQP message (``None``: :data:`DEFAULT_CHUNK`). :attr:`params` has
-    tensorwire's ``heartbeat``, ``socket_timeout`` and ``stack_timeout`` unless the URL sets them.
+    the most bytes per AMQP message (``None``: :data:`DEFAULT_CHUNK`); ``connection_max`` the
+    most connections the broker takes (``None``: not known; a private broker's URL says).
+    :attr:`params` has tensorwire's ``heartbeat``, ``socket_timeout`` and ``stack_timeout``
+    unless the URL sets them.
     ``tls`` (or an ``amqps://`` URL, with the system's CAs) makes the connection TLS: pika's
     ``SSLOptions`` with ``tls.client_context()``, checking the broker's certificate for
     ``tls.server_name`` or the URL's host, on port :data:`DEFAULT_TLS_PORT` unless the URL names
@@ -129,6 +132,7 @@ class AmqpAddress:
                 f"be at most {MAX_NAME - 64} bytes"
             )
         self.chunk = parse_chunk_size(ours["chunk"]) if "chunk" in ours else None
+        self.connection_max = _connection_max(shown, ours.get("connection_max"))
 
     def url_with(self, prefix: str, chunk: int | None) -> str:
         """The URL again, with ``prefix`` (and ``chunk`` if set) for clients to connect to."""
@@ -136,12 +140,23 @@ class AmqpAddress:
         query = [*parse_qsl(parts.query, keep_blank_values=True), ("prefix", prefix)]
         if chunk is not None:
             query.append(("chunk", str(chunk)))
+        if self.connection_max is not None:
+            query.append(("connection_max", str(self.connection_max)))
         return urlunsplit(parts._replace(query=urlencode(query)))
 
     @property
     def where(self) -> str:
         over = " over TLS" if self.tls is not None else ""
         return f"{self.params.host}:{self.params.port} (vhost {self.params.virtual_host!r}){over}"
+
+
+def _connection_max(shown: str, text: str | None) -> int | None:
+    """``connection_max=``: the most connections the broker takes (its own setting), if known."""
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise TransportError(f"{shown!r}: connection_max={text!r} is not a number of connections")
+    return int(text)
 
 
 def parse_chunk_size(text: str | int) -> int:

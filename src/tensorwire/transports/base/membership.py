@@ -24,7 +24,8 @@ MAX_EVENTS = 10_000  # membership events kept per hub
 class MembershipEvent:
     """A change a hub's caller should see: ``kind`` is ``joined``, ``left``, ``refused``,
     ``replaced`` (a client's newer session took over), ``slow`` (a send missed its deadline),
-    ``medium-lost`` / ``medium-back`` (the broker connection); ``at`` is unix seconds."""
+    ``medium-lost`` / ``medium-back`` (the broker connection), ``broker-near-limit`` (the
+    broker's connection limit is almost reached); ``at`` is unix seconds."""
 
     kind: str
     client_id: str | None

@@ -21,6 +21,7 @@ from tensorwire.transports.base import Hub, HubOptions
 from tensorwire.transports.broker.graces import Graces
 from tensorwire.transports.broker.inflow import Inflow
 from tensorwire.transports.broker.payloads import HUB_SENDER
+from tensorwire.transports.brokers.sizing import NEAR_LIMIT
 from tensorwire.transports.security import ReplayWindow, Sealer
 from tensorwire.transports.session import HubSession
 from tensorwire.wire import PREFIX_SIZE, EncodedMessage
@@ -46,6 +47,8 @@ class BrokerHub(Hub, Generic[P]):
     chunked message may go without a chunk."""
 
     sees_client_certificates = False  # they reach the broker, never the hub
+    connection_max: int | None = None  # connections the broker lets in, if known
+    _near_limit = False  # warned, and the members have not dropped below the mark since
 
     def __init__(
         self, url: str, options: HubOptions, *, grace: float, reassembly_timeout: float
@@ -92,7 +95,30 @@ class BrokerHub(Hub, Generic[P]):
             old = self._peers.get(client_id)
             self._peers[client_id] = peer
             self._graces.clear(client_id)
+            members = len(self._peers)
+        self._mind_room(members)
         return old
+
+    def _mind_room(self, members: int) -> None:
+        """Warn once the hub's connection and one per member fill :data:`NEAR_LIMIT` of the
+        broker's ``connection_max`` (a log line and a ``broker-near-limit`` event); again
+        after they fell below it. Devices past the limit are refused by the broker."""
+        limit = self.connection_max
+        if limit is None:
+            return
+        used = members + 1
+        near = used >= NEAR_LIMIT * limit
+        if near == self._near_limit:
+            return
+        self._near_limit = near
+        if near:
+            why = (
+                f"the broker lets in {limit} connections (its connection limit) and this hub "
+                f"and its {members} devices hold {used}: devices past the limit will be refused "
+                "(BrokerFull); serve more on a broker sized for them (e.g. devices=N)"
+            )
+            log.warning("%s: %s", self.protocol, why)
+            self._event("broker-near-limit", None, why)
 
     def _forget(self, client_id: str, peer: P, reason: str) -> bool:
         """``client_id`` left, if ``peer`` is still its session (False: replaced or gone)."""
@@ -102,6 +128,8 @@ class BrokerHub(Hub, Generic[P]):
             del self._peers[client_id]
             self._graces.clear(client_id)
             self._changed.notify_all()
+            members = len(self._peers)
+        self._mind_room(members)
         self._left(client_id, reason, session=peer.session)
         return True
 
@@ -153,6 +181,12 @@ class BrokerHub(Hub, Generic[P]):
             raise PeerGone(f"client {client_id!r} is not connected")
         self._publish_to(client_id, peer, enc, deadline, self._sealer(self._keys([peer])))
 
+    def _unicasts(
+        self, clients: list[str], enc: EncodedMessage, deadline: float | None
+    ) -> dict[str, float | Exception]:
+        """``enc`` to each of ``clients`` by unicast: concurrently by default (the template's)."""
+        return super()._send_many(clients, enc, deadline)
+
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
@@ -161,14 +195,14 @@ class BrokerHub(Hub, Generic[P]):
         with self._lock:
             everyone = set(clients) == set(self._peers)
         if not everyone:
-            return super()._send_many(clients, enc, deadline)
+            return self._unicasts(clients, enc, deadline)
         results: dict[str, float | Exception] = dict(self._unreachable(clients, deadline))
         reached = [c for c in clients if c not in results]
         with self._lock:
             peers = [self._peers.get(c) for c in reached]
         keys = self._keys(peers)
         if not reached or 0 < len(keys) < len(reached):
-            return {**results, **super()._send_many(reached, enc, deadline)} if reached else results
+            return {**results, **self._unicasts(reached, enc, deadline)} if reached else results
         t = time.perf_counter()
         try:
             self._publish_all(enc, deadline, self._sealer(keys))

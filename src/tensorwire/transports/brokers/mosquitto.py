@@ -36,6 +36,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.readiness import wait_answering
+from tensorwire.transports.brokers.sizing import MOSQUITTO, size_for, with_fd_limit
 from tensorwire.transports.security import TLS
 from tensorwire.transports.url import host_port
 
@@ -185,6 +186,10 @@ class MosquittoBroker:
     ``tls.cert`` / ``tls.key``; ``tls.ca``, if given, verifies client certificates, which it
     requires only with ``require_certificate``. ``users`` (name -> password) go into a password
     file and anonymous clients are refused. :meth:`url` names the scheme and, if asked, a user.
+
+    ``devices``: it gets file descriptors for that many (one connection each), or ``fds`` if
+    given, and lets in :attr:`limits` ``.connections`` (``max_connections``): a client past
+    them is turned away and the broker keeps running.
     """
 
     host = "127.0.0.1"
@@ -202,6 +207,8 @@ class MosquittoBroker:
         tls: TLS | None = None,
         users: Mapping[str, str] | None = None,
         require_certificate: bool = False,
+        devices: int | None = None,
+        fds: int | None = None,
     ) -> None:
         if tls is not None and (tls.cert is None or tls.key is None):
             raise TransportError(
@@ -209,6 +216,7 @@ class MosquittoBroker:
             )
         if require_certificate and (tls is None or tls.ca is None):
             raise TransportError("require_certificate needs tls= with a ca= to check them by")
+        self.limits = size_for(devices, fds, MOSQUITTO)
         self.port = port
         self.persistence = persistence
         self.tls = tls
@@ -258,6 +266,7 @@ class MosquittoBroker:
         assert self.dir is not None
         lines = {
             "listener": f"{self.port} {self.host}",
+            "max_connections": str(self.limits.connections),  # this listener's
             **self._tls_lines(binary),
             "allow_anonymous": "false" if self.users else "true",
             **({"password_file": str(self.dir / "passwd")} if self.users else {}),
@@ -301,9 +310,10 @@ class MosquittoBroker:
     def _run(self, binary: str) -> None:
         """Start the process on the config in :attr:`dir`; wait until it answers."""
         assert self.dir is not None
+        argv = [binary, "-c", str(self.dir / "mosquitto.conf")]
         with open(self.dir / "mosquitto.log", "ab") as log:
             self._proc = subprocess.Popen(
-                [*self.command_prefix, binary, "-c", str(self.dir / "mosquitto.conf")],
+                [*self.command_prefix, *with_fd_limit(argv, self.limits.fds)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,

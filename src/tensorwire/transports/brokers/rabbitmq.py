@@ -18,7 +18,7 @@ files. pika is imported only to probe a broker.
 from __future__ import annotations
 
 import contextlib
-import functools
+import json
 import os
 import shutil
 import signal
@@ -34,8 +34,11 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+from tensorwire.transports.brokers.erlang import tls_version
+from tensorwire.transports.brokers.rabbitmq_probe import rabbitmq_answers
 from tensorwire.transports.brokers.readiness import wait_answering
-from tensorwire.transports.security import TLS, split_security_options
+from tensorwire.transports.brokers.sizing import RABBITMQ, size_for, with_fd_limit
+from tensorwire.transports.security import TLS
 from tensorwire.transports.url import redacted
 
 DEFAULT_PORT = 5672
@@ -45,42 +48,6 @@ INSTALL_HINT = "apt-get install rabbitmq-server (Debian/Ubuntu), dnf install rab
 _SEARCH = ("/usr/lib/rabbitmq/bin", "/usr/lib/rabbitmq/sbin", "/usr/sbin", "/usr/local/sbin")
 STOP_TIMEOUT = 30.0  # seconds for the node to stop after SIGTERM before it is killed
 CTL_TIMEOUT = 60.0  # seconds for one rabbitmqctl command (it starts an Erlang VM of its own)
-# Erlang/OTP's ssl serves TLS 1.3 from OTP 23 on (22's was experimental); the node asks for
-# the newest its OTP has, as tensorwire's clients speak TLS 1.3 only.
-_TLS13_OTP = 23
-
-
-def rabbitmq_answers(url: str, timeout: float = 2.0) -> bool:
-    """Whether a broker at the ``amqp://`` or ``amqps://`` URL accepts an AMQP connection with
-    the URL's credentials and vhost within ``timeout`` seconds. Over TLS the broker's
-    certificate is checked first (against the URL's ``ca=``, else the system's CAs), so the
-    credentials go only to the broker the URL names."""
-    try:
-        import pika
-        import pika.exceptions
-
-        from tensorwire.transports.amqp import AmqpAddress
-    except ImportError as exc:
-        raise MissingDependency(
-            f"probing RabbitMQ needs {exc.name or exc}: pip install 'tensorwire[amqp]'"
-        ) from exc
-    url, security = split_security_options(url, "channel")
-    params = AmqpAddress(url, tls=security.get("tls")).params
-    try:  # nothing listening: say so without pika's error logs of a failed connection
-        socket.create_connection((params.host, params.port), timeout=timeout).close()
-    except OSError:
-        return False
-    params.socket_timeout = timeout
-    params.stack_timeout = timeout
-    params.blocked_connection_timeout = timeout
-    params.connection_attempts = 1
-    try:
-        conn = pika.BlockingConnection(params)
-    except (pika.exceptions.AMQPError, OSError):
-        return False
-    with contextlib.suppress(pika.exceptions.AMQPError, OSError):  # it answered: that is all
-        conn.close()
-    return True
 
 
 def find_rabbitmq(binary: str = "rabbitmq-server") -> Path:
@@ -97,27 +64,6 @@ def find_rabbitmq(binary: str = "rabbitmq-server") -> Path:
 def _free_port(host: str) -> int:
     with socket.create_server((host, 0)) as probe:
         return probe.getsockname()[1]
-
-
-@functools.cache
-def _otp_release() -> int:
-    """The major Erlang/OTP release installed (``releases/N`` under ``erl``'s root); 0 if
-    unknown."""
-    erl = shutil.which("erl", path=f"{os.environ.get('PATH', '')}:/usr/lib/erlang/bin")
-    if erl is None:
-        return 0
-    releases = [
-        int(d.name)
-        for d in (Path(erl).resolve().parent.parent / "releases").glob("*")
-        if d.name.isdigit()
-    ]
-    return max(releases, default=0)
-
-
-def tls_version() -> str:
-    """The TLS version a private node serves: ``tlsv1.3`` where its Erlang has it, else
-    ``tlsv1.2``."""
-    return "tlsv1.3" if _otp_release() >= _TLS13_OTP else "tlsv1.2"
 
 
 def _credentials(url: str) -> tuple[str, str, str]:
@@ -143,6 +89,11 @@ class RabbitMQBroker:
     as a client's. ``tls.ca`` is what its readiness probe checks it against. ``plain_port``
     (0: a free one) keeps a plain AMQP listener as well. :meth:`url` names ``amqps://`` then,
     :meth:`plain_url` the plain listener.
+
+    ``devices``: the node gets file descriptors for that many (one connection each), or
+    ``fds`` if given; :attr:`limits` says how many connections it then takes
+    (``connection_max``: the one past it is refused, and the node keeps running). Its hub
+    URLs (with a prefix) carry ``connection_max=``: a hub on it warns before it is reached.
     """
 
     host = "127.0.0.1"
@@ -161,8 +112,11 @@ class RabbitMQBroker:
         command_prefix: Sequence[str] = (),
         tls: TLS | None = None,
         plain_port: int | None = None,
+        devices: int | None = None,
+        fds: int | None = None,
     ) -> None:
         _check_tls(tls)
+        self.limits = size_for(devices, fds, RABBITMQ)
         if plain_port is not None and tls is None:
             raise TransportError("plain_port= is a second listener beside a TLS one: give tls=")
         self.port = port
@@ -192,7 +146,7 @@ class RabbitMQBroker:
 
     def url(self, prefix: str | None = None) -> str:
         """``amqp://user:pass@127.0.0.1:PORT/vhost`` for this broker (``amqps://`` with TLS;
-        ``?prefix=`` if given)."""
+        ``?prefix=`` and ``connection_max=`` if a prefix is given)."""
         return self._url("amqps" if self.tls is not None else "amqp", self.port, prefix)
 
     def plain_url(self, prefix: str | None = None) -> str:
@@ -209,7 +163,9 @@ class RabbitMQBroker:
             f"{scheme}://{quote(self.user, safe='')}:{quote(self.password, safe='')}"
             f"@{self.host}:{port}/{quote(self.vhost, safe='')}"
         )
-        return url if prefix is None else f"{url}?prefix={quote(prefix, safe='')}"
+        if prefix is None:
+            return url
+        return f"{url}?prefix={quote(prefix, safe='')}&connection_max={self.limits.connections}"
 
     def _probe_url(self) -> str:
         """What the readiness probe connects to: the plain listener if there is one, else the
@@ -226,6 +182,11 @@ class RabbitMQBroker:
             "default_pass": self.password,
             "default_vhost": self.vhost,
             "log.file.level": "warning",
+            # one past limits.connections is refused with a reason (the vhost's limit, in the
+            # definitions); past the backstop the listener stops accepting (no reason given)
+            "connection_max": str(self.limits.backstop),
+            "definitions.import_backend": "local_filesystem",
+            "definitions.local.path": str(self._definitions()),
             # Lossy links: TCP backoff stalls a connection for a minute or more (see the docstring
             # of tensorwire.transports.amqp). A handshake gets as long as the client gives it
             # (amqp.HANDSHAKE_TIMEOUT; RabbitMQ's is 10 s), a send to a client as long as the
@@ -245,6 +206,23 @@ class RabbitMQBroker:
             **self.settings,
         }
         return "".join(f"{k} = {v}\n" for k, v in lines.items())
+
+    def _definitions(self) -> Path:
+        """The node's user, vhost and the vhost's connection limit, imported as it boots."""
+        assert self.dir is not None
+        perms = {"configure": ".*", "write": ".*", "read": ".*"}
+        limits = {"max-connections": self.limits.connections}
+        definitions = {
+            "users": [{"name": self.user, "password": self.password, "tags": "administrator"}],
+            "vhosts": [{"name": self.vhost}],
+            "permissions": [{"user": self.user, "vhost": self.vhost, **perms}],
+            "parameters": [
+                dict(vhost=self.vhost, component="vhost-limits", name="limits", value=limits)
+            ],
+        }
+        path = self.dir / "definitions.json"
+        path.write_text(json.dumps(definitions))
+        return path
 
     def _listener_lines(self) -> dict[str, str]:
         """The AMQP listeners: plain on :attr:`port`, or TLS there (and plain on
@@ -290,7 +268,6 @@ class RabbitMQBroker:
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": self.host,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(_free_port(local)),
             "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
@@ -339,10 +316,12 @@ class RabbitMQBroker:
         """Run the node on the prepared directory and environment; wait until it answers."""
         assert self.dir is not None and self._server is not None
         (self.dir / "rabbitmq.conf").write_text(self._config())  # use_tls() may have changed it
+        # a port free now: the last one may have been taken while the node was down
+        self._env["RABBITMQ_DIST_PORT"] = str(_free_port("127.0.0.1"))
         log = self.dir / "startup.log"
         with open(log, "ab") as out:
             self._proc = subprocess.Popen(
-                [*self.command_prefix, str(self._server)],
+                [*self.command_prefix, *with_fd_limit([str(self._server)], self.limits.fds)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.dir,
@@ -469,8 +448,8 @@ def _check_tls(tls: TLS | None) -> None:
 def ensure_rabbitmq(url: str, **broker_options: object) -> Iterator[str]:
     """Yield ``url`` if a broker accepts it, else the URL of a private :class:`RabbitMQBroker`
     (``url`` with host and port replaced; its user, password and vhost are created) that is
-    stopped when the block ends. A private broker for an ``amqps://`` URL needs certificates:
-    give ``tls=`` (``tensorwire certs`` makes them)."""
+    stopped when the block ends. A private broker for an
+    ``amqps://`` URL needs certificates: give ``tls=`` (``tensorwire certs`` makes them)."""
     if rabbitmq_answers(url):
         yield url
         return
