@@ -43,6 +43,10 @@ from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.quic")
 
+SCAN_EVERY = 0.1
+"""Seconds between two housekeeping scans of every connection (hello timeouts, keep-alives,
+ends, closes after a flush): what such a change waits for at most."""
+
 
 class QuicHub(Hub):
     """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
@@ -67,6 +71,7 @@ class QuicHub(Hub):
         self._waiting: WaitingRoom[Connection] = WaitingRoom(MAX_SILENT, MAX_SILENT_PER_SOURCE)
         self._lock = threading.Lock()
         self._engine = Engine(sock, f"tensorwire-quic-hub-{sock.getsockname()[1]}", self._accept)
+        self._next_scan = 0.0  # time.monotonic() of the next housekeeping scan
         self._engine.tick = self._tick
 
     # -- on the I/O thread ---------------------------------------------------------------
@@ -86,8 +91,12 @@ class QuicHub(Hub):
         return connection
 
     def _tick(self, now: float) -> None:
-        """Housekeeping: connections that never said hello, keep-alives, connections that
-        ended."""
+        """Housekeeping, at most every :data:`SCAN_EVERY` seconds (it looks at every
+        connection: run per turn it made each packet cost O(connections)): connections that
+        never said hello, keep-alives, connections that ended."""
+        if now < self._next_scan:
+            return
+        self._next_scan = now + SCAN_EVERY
         for connection in list(self._sessions):
             session = self._sessions[connection]
             if connection.closed.is_set():

@@ -51,6 +51,7 @@ from tensorwire.transports.session import (
 from tensorwire.transports.sockets import MAX_HANDSHAKES, shutdown, tune
 from tensorwire.transports.udp.flow import Flow
 from tensorwire.transports.udp.flow_base import control_limits
+from tensorwire.transports.udp.flow_timers import FlowTimers
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.loss import Received, decode_received
 from tensorwire.transports.udp.options import parse_udp_url
@@ -131,6 +132,7 @@ class UdpHub(Hub):
         self._flows: dict[str, Flow] = {}  # client id -> flow (read by sender threads)
         self._by_address: dict[tuple[str, int], Flow] = {}  # I/O thread only
         self._handshakes: dict[socket.socket, _Handshake] = {}  # I/O thread only
+        self._timers = FlowTimers()  # I/O thread only
         self._previous: dict[str, dict[TensorPath, np.ndarray]] = {}  # best-effort "out"
         self._rxbuf = bytearray(MAX_DATAGRAM)
         self._controlbuf = bytearray(CONTROL_READ_BYTES)  # every control reader's, in turn
@@ -154,8 +156,13 @@ class UdpHub(Hub):
     # -- I/O thread: datagrams -----------------------------------------------------------
 
     def _tick(self, now: float) -> float | None:
-        soonest: float | None = None
-        for hs in [h for h in self._handshakes.values() if now >= h.expires]:
+        """Handshakes past their time; the flows touched or due (``FlowTimers``)."""
+        soonest = self._timers.tick(now)
+        while self._handshakes:
+            hs = next(iter(self._handshakes.values()))  # the oldest: it expires first
+            if now < hs.expires:
+                soonest = hs.expires if soonest is None else min(soonest, hs.expires)
+                break
             self._refused(
                 hs.address[0],
                 TransportTimeout(
@@ -163,13 +170,7 @@ class UdpHub(Hub):
                 ),
             )
             self._end_handshake(hs)
-        for hs in self._handshakes.values():
-            soonest = hs.expires - now if soonest is None else min(soonest, hs.expires - now)
-        for flow in list(self._by_address.values()):
-            due = flow.tick(now)
-            if due is not None:
-                soonest = due if soonest is None else min(soonest, due)
-        return None if soonest is None else max(soonest, 0.0)
+        return None if soonest is None else max(soonest - now, 0.0)
 
     def _drain(self) -> None:
         drain(self._udp, self._rxbuf, self._on_datagram, DRAIN_BUDGET)
@@ -179,6 +180,7 @@ class UdpHub(Hub):
         if flow is None:
             self._stranger(sender, len(view))
             return
+        self._timers.touch(flow)
         try:
             flow.on_datagram(view, now)
         except WireError as exc:
@@ -385,6 +387,7 @@ class UdpHub(Hub):
 
     def _handle_control(self, flow: Flow, items: list[Message | WireError]) -> None:
         now = time.perf_counter()
+        self._timers.touch(flow)
         for item in items:
             if flow.closed:
                 return
@@ -414,6 +417,7 @@ class UdpHub(Hub):
             return
         flow.flush(time.perf_counter())
         flow.close(PeerGone(f"client {flow.label!r} left: {reason}"))
+        self._timers.discard(flow)
         self._loop.remove(flow.control)
         _close(flow.control)
         if self._by_address.get(peer_key(flow.address)) is flow:
