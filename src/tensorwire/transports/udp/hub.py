@@ -30,7 +30,6 @@ import numpy as np
 
 from tensorwire.errors import (
     AuthenticationError,
-    ChunkError,
     PeerGone,
     SessionRefused,
     TransportError,
@@ -72,6 +71,7 @@ from tensorwire.transports.udp.sockets import (
     peer_key,
 )
 from tensorwire.transports.udp.stats import UdpStats
+from tensorwire.transports.udp.strangers import StrangerReport
 from tensorwire.wire import EncodedMessage, Message
 from tensorwire.wire.format import MAGIC
 from tensorwire.wire.tensors import TensorPath, flatten
@@ -81,7 +81,6 @@ log = logging.getLogger("tensorwire.transports.udp")
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new control connection has to say hello
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye to all clients before closing anyway
 DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at other sockets
-STRANGER_REPORT_S = 1.0  # datagrams from strangers are reported at most this often (seconds)
 
 
 @dataclass(eq=False)
@@ -137,8 +136,7 @@ class UdpHub(Hub):
         self._rxbuf = bytearray(MAX_DATAGRAM)
         self._controlbuf = bytearray(CONTROL_READ_BYTES)  # every control reader's, in turn
         self._plainbuf = bytearray(CONTROL_READ_BYTES)  # and, under TLS, what it decrypts to
-        self._strangers = 0  # their datagrams since the last report
-        self._strangers_reported = -STRANGER_REPORT_S  # time.monotonic() of the last report
+        self._strangers = StrangerReport()
         # Joins, messages, errors and leaves, in the order the I/O thread saw them.
         self._inbound: queue.SimpleQueue[
             tuple[Flow, Received | WireError | PeerGone | _Joined] | None
@@ -192,19 +190,9 @@ class UdpHub(Hub):
         """Drop a datagram from an address no joined client said was its own: counted in
         ``udp_stats``, reported (``errors``, log) at most once per ``STRANGER_REPORT_S``."""
         self.udp_stats.add(stranger_datagrams=1)
-        self._strangers += 1
-        now = time.monotonic()
-        if now - self._strangers_reported < STRANGER_REPORT_S:
-            return
-        self._rejected(
-            "stranger",
-            ChunkError(
-                f"dropped {self._strangers} datagram(s) from addresses that have not joined, "
-                f"the last ({nbytes} bytes) from {sender[0]}:{sender[1]}: a client joins over "
-                "its control connection first"
-            ),
-        )
-        self._strangers, self._strangers_reported = 0, now
+        error = self._strangers.note(sender, nbytes)
+        if error is not None:
+            self._rejected("stranger", error)
 
     # -- I/O thread: control connections -------------------------------------------------
 
