@@ -43,6 +43,13 @@ from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.quic")
 
+MIN_WAIT = 1.0
+"""Seconds a connection waits for its hello before a newcomer may push it out of a full
+waiting room: under a join storm (thousands of devices from one simulating host, slow to
+answer) the newcomer's Initial is dropped instead, and retried by its client, rather than
+each newcomer pushing out one that was about to say hello. An attacker who keeps the room
+full of younger ones must complete its size in QUIC handshakes each second."""
+
 SCAN_EVERY = 0.1
 """Seconds between two housekeeping scans of every connection (hello timeouts, keep-alives,
 ends, closes after a flush): what such a change waits for at most."""
@@ -77,6 +84,9 @@ class QuicHub(Hub):
     # -- on the I/O thread ---------------------------------------------------------------
 
     def _accept(self, header: Any, addr: Any, now: float) -> Connection | None:
+        pushed_since = self._waiting.would_push(addr[0])
+        if pushed_since is not None and now - pushed_since < MIN_WAIT:
+            return None  # dropped: the client's QUIC retries its Initial, backing off
         cls = CertificateRequestingConnection if self._mutual else TunedQuicConnection
         conn = cls(
             configuration=self._config, original_destination_connection_id=header.destination_cid
