@@ -43,6 +43,10 @@ broke the limits or was cut short), or None (the sender reset it: a send that ga
 Deliver = Callable[["Connection", Arrival], None]
 
 
+def _nothing() -> None:
+    """What waking a connection does before an engine serves it."""
+
+
 class Connection:
     """One QUIC connection and the messages on it (used by the I/O thread only).
 
@@ -78,6 +82,9 @@ class Connection:
         self.last_ping = time.monotonic()
         self.close_later: tuple[int, str, float] | None = None  # code, reason, by when
         self.recovery = count_and_tune_recovery(conn)
+        self.cids: set[bytes] = set()  # our connection ids its engine routes to it
+        # tells its engine it has something to send (set by ``Engine.add``)
+        self.wake: Callable[[], None] = _nothing
 
     @property
     def who(self) -> str:
@@ -104,6 +111,7 @@ class Connection:
         if now - self.last_ping > every:
             self.last_ping = now
             self.conn.send_ping(0)
+            self.wake()
 
     # -- events from the connection --------------------------------------------------
 
@@ -212,6 +220,7 @@ class Connection:
         self.unacked.add(job.stream_id)
         self.jobs.append(job)
         self.pump()
+        self.wake()
 
     def cancel(self, job: SendJob) -> None:
         if job in self.jobs:
@@ -228,6 +237,7 @@ class Connection:
             self.unacked.discard(sid)
             with contextlib.suppress(Exception):
                 self.conn.reset_stream(sid, APP_CANCELLED)
+            self.wake()
 
     def pump(self) -> None:
         """Hand queued messages to the connection, up to :data:`SEND_AHEAD` unacknowledged
@@ -256,6 +266,7 @@ class Connection:
     def close(self, code: int, reason: str) -> None:
         if not self.closed.is_set():
             self.conn.close(error_code=code, reason_phrase=reason)
+            self.wake()
             self.close_reason = reason
             self.close_error = PeerGone(f"the connection was closed: {reason}")
             self._fail_jobs(self.close_error)

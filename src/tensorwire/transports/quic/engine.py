@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import selectors
 import socket
@@ -22,6 +23,7 @@ from tensorwire.transports.quic.compat import host_connection_ids, peer_close, t
 from tensorwire.transports.quic.connection import APP_REFUSED, Connection
 from tensorwire.transports.quic.messages import SendJob
 from tensorwire.transports.sockets import drain, wake, waker
+from tensorwire.transports.timer_heap import TimerHeap
 from tensorwire.wire import EncodedMessage
 
 log = logging.getLogger("tensorwire.transports.quic")
@@ -45,6 +47,8 @@ class Engine:
         self.connections: dict[bytes, Connection] = {}  # by every connection id of ours
         self.tick: Callable[[float], None] | None = None  # per-turn housekeeping
         self._calls: deque[Callable[[], None]] = deque()
+        self._dirty: dict[Connection, None] = {}  # touched since the last turn, in order
+        self._timers: TimerHeap[Connection] = TimerHeap()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = waker()
         sock.setblocking(False)
@@ -71,13 +75,27 @@ class Engine:
         wake(self._wake_w)
 
     def add(self, connection: Connection) -> None:
+        """Route ``connection``'s datagrams here and serve it from now on (I/O thread)."""
         for cid in host_connection_ids(connection.conn):
-            self.connections[cid] = connection
+            self._route_to(cid, connection)
+        connection.wake = functools.partial(self._touch, connection)
+        self._touch(connection)
+
+    def _route_to(self, cid: bytes, connection: Connection) -> None:
+        self.connections[cid] = connection
+        connection.cids.add(cid)
 
     def remove(self, connection: Connection) -> None:
-        for cid, other in list(self.connections.items()):
-            if other is connection:
+        for cid in connection.cids:
+            if self.connections.get(cid) is connection:
                 del self.connections[cid]
+        connection.cids.clear()
+        self._timers.discard(connection)
+        self._dirty.pop(connection, None)
+
+    def _touch(self, connection: Connection) -> None:
+        """``connection`` may have something to send: serve it this turn."""
+        self._dirty[connection] = None
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -109,14 +127,12 @@ class Engine:
         while self._calls:
             self._calls.popleft()()
         now = time.monotonic()
-        for connection in set(self.connections.values()):
-            timer = connection.conn.get_timer()
-            if timer is not None and timer <= now:
-                connection.conn.handle_timer(now)
-            self._events(connection)
+        for connection in self._timers.due(now):
+            connection.conn.handle_timer(now)
+            self._dirty[connection] = None
         if self.tick is not None:
             self.tick(now)
-        self.transmit(set(self.connections.values()), now)
+        self._serve(now)
         wait = self._next_wake(now)  # epoll rounds it up to whole milliseconds
         for key, _ in self._selector.select(wait):
             if key.data == "wake":
@@ -124,16 +140,30 @@ class Engine:
             else:
                 self._receive()
 
+    def _serve(self, now: float) -> None:
+        """Events and datagrams of the connections touched since the last turn (never the
+        others: a turn costs what happened in it, not the number of connections), then their
+        timers re-armed."""
+        while self._dirty:
+            batch, self._dirty = self._dirty, {}
+            for connection in batch:
+                self._events(connection)
+            self.transmit(batch, now)
+            for connection in batch:
+                if connection.cids:
+                    self._timers.arm(connection, connection.conn.get_timer())
+
     def _next_wake(self, now: float) -> float | None:
-        timers = [t for c in self.connections.values() if (t := c.conn.get_timer()) is not None]
-        wait = max(min(timers) - now, 0.0) if timers else None
+        if self._calls or self._dirty:
+            return 0.0
+        soonest = self._timers.soonest()
+        wait = None if soonest is None else max(soonest - now, 0.0)
         if self.tick is not None:
             wait = TICK_EVERY if wait is None else min(wait, TICK_EVERY)
         return wait
 
     def _receive(self) -> None:
         now = time.monotonic()
-        touched: set[Connection] = set()
         for _ in range(RECV_BATCH):
             try:
                 data, addr = self.sock.recvfrom(65536)
@@ -148,10 +178,7 @@ class Engine:
             if connection is None:
                 continue
             connection.conn.receive_datagram(data, addr, now=now)
-            touched.add(connection)
-        for connection in touched:
-            self._events(connection)
-        self.transmit(touched, now)
+            self._dirty[connection] = None
 
     def _route(self, data: bytes, addr: Any, now: float) -> Connection | None:
         try:
@@ -163,7 +190,7 @@ class Engine:
         if connection is None and self.accept is not None and new:
             connection = self.accept(header, addr, now)
             if connection is not None:
-                self.connections[header.destination_cid] = connection
+                self._route_to(header.destination_cid, connection)
                 self.add(connection)
         return connection
 
@@ -174,9 +201,10 @@ class Engine:
             if event is None:
                 break
             if isinstance(event, events.ConnectionIdIssued):
-                self.connections[event.connection_id] = connection
+                self._route_to(event.connection_id, connection)
             elif isinstance(event, events.ConnectionIdRetired):
                 self.connections.pop(event.connection_id, None)
+                connection.cids.discard(event.connection_id)
             connection.handle(event)
         close = peer_close(conn)
         if close is not None and not connection.closed.is_set():

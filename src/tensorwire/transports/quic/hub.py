@@ -43,6 +43,17 @@ from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.quic")
 
+MIN_WAIT = 1.0
+"""Seconds a connection waits for its hello before a newcomer may push it out of a full
+waiting room: under a join storm (thousands of devices from one simulating host, slow to
+answer) the newcomer's Initial is dropped instead, and retried by its client, rather than
+each newcomer pushing out one that was about to say hello. An attacker who keeps the room
+full of younger ones must complete its size in QUIC handshakes each second."""
+
+SCAN_EVERY = 0.1
+"""Seconds between two housekeeping scans of every connection (hello timeouts, keep-alives,
+ends, closes after a flush): what such a change waits for at most."""
+
 
 class QuicHub(Hub):
     """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
@@ -67,11 +78,15 @@ class QuicHub(Hub):
         self._waiting: WaitingRoom[Connection] = WaitingRoom(MAX_SILENT, MAX_SILENT_PER_SOURCE)
         self._lock = threading.Lock()
         self._engine = Engine(sock, f"tensorwire-quic-hub-{sock.getsockname()[1]}", self._accept)
+        self._next_scan = 0.0  # time.monotonic() of the next housekeeping scan
         self._engine.tick = self._tick
 
     # -- on the I/O thread ---------------------------------------------------------------
 
     def _accept(self, header: Any, addr: Any, now: float) -> Connection | None:
+        pushed_since = self._waiting.would_push(addr[0])
+        if pushed_since is not None and now - pushed_since < MIN_WAIT:
+            return None  # dropped: the client's QUIC retries its Initial, backing off
         cls = CertificateRequestingConnection if self._mutual else TunedQuicConnection
         conn = cls(
             configuration=self._config, original_destination_connection_id=header.destination_cid
@@ -86,8 +101,12 @@ class QuicHub(Hub):
         return connection
 
     def _tick(self, now: float) -> None:
-        """Housekeeping: connections that never said hello, keep-alives, connections that
-        ended."""
+        """Housekeeping, at most every :data:`SCAN_EVERY` seconds (it looks at every
+        connection: run per turn it made each packet cost O(connections)): connections that
+        never said hello, keep-alives, connections that ended."""
+        if now < self._next_scan:
+            return
+        self._next_scan = now + SCAN_EVERY
         for connection in list(self._sessions):
             session = self._sessions[connection]
             if connection.closed.is_set():

@@ -41,6 +41,16 @@ class WaitingRoom(Generic[K]):
         self._by_source.setdefault(source, {})[key] = None
         return pushed
 
+    def would_push(self, source: Hashable) -> float | None:
+        """When the entry that a newcomer from ``source`` would push out came (None: there
+        is room for it)."""
+        same = self._by_source.get(source)
+        if same is not None and len(same) >= self.per_source:
+            return self._since[next(iter(same))][1]
+        if len(self._since) >= self.total:
+            return next(iter(self._since.values()))[1]
+        return None
+
     def remove(self, key: K) -> bool:
         """Take ``key`` out (it spoke, or ended); False if it was not in."""
         entry = self._since.pop(key, None)

@@ -30,7 +30,6 @@ import numpy as np
 
 from tensorwire.errors import (
     AuthenticationError,
-    ChunkError,
     PeerGone,
     SessionRefused,
     TransportError,
@@ -51,6 +50,7 @@ from tensorwire.transports.session import (
 from tensorwire.transports.sockets import MAX_HANDSHAKES, shutdown, tune
 from tensorwire.transports.udp.flow import Flow
 from tensorwire.transports.udp.flow_base import control_limits
+from tensorwire.transports.udp.flow_timers import FlowTimers
 from tensorwire.transports.udp.loop import IoLoop
 from tensorwire.transports.udp.loss import Received, decode_received
 from tensorwire.transports.udp.options import parse_udp_url
@@ -71,6 +71,7 @@ from tensorwire.transports.udp.sockets import (
     peer_key,
 )
 from tensorwire.transports.udp.stats import UdpStats
+from tensorwire.transports.udp.strangers import StrangerReport
 from tensorwire.wire import EncodedMessage, Message
 from tensorwire.wire.format import MAGIC
 from tensorwire.wire.tensors import TensorPath, flatten
@@ -80,7 +81,6 @@ log = logging.getLogger("tensorwire.transports.udp")
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new control connection has to say hello
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye to all clients before closing anyway
 DRAIN_BUDGET = 1 << 16  # datagrams handled per wake-up before the loop looks at other sockets
-STRANGER_REPORT_S = 1.0  # datagrams from strangers are reported at most this often (seconds)
 
 
 @dataclass(eq=False)
@@ -131,12 +131,12 @@ class UdpHub(Hub):
         self._flows: dict[str, Flow] = {}  # client id -> flow (read by sender threads)
         self._by_address: dict[tuple[str, int], Flow] = {}  # I/O thread only
         self._handshakes: dict[socket.socket, _Handshake] = {}  # I/O thread only
+        self._timers = FlowTimers()  # I/O thread only
         self._previous: dict[str, dict[TensorPath, np.ndarray]] = {}  # best-effort "out"
         self._rxbuf = bytearray(MAX_DATAGRAM)
         self._controlbuf = bytearray(CONTROL_READ_BYTES)  # every control reader's, in turn
         self._plainbuf = bytearray(CONTROL_READ_BYTES)  # and, under TLS, what it decrypts to
-        self._strangers = 0  # their datagrams since the last report
-        self._strangers_reported = -STRANGER_REPORT_S  # time.monotonic() of the last report
+        self._strangers = StrangerReport()
         # Joins, messages, errors and leaves, in the order the I/O thread saw them.
         self._inbound: queue.SimpleQueue[
             tuple[Flow, Received | WireError | PeerGone | _Joined] | None
@@ -154,8 +154,13 @@ class UdpHub(Hub):
     # -- I/O thread: datagrams -----------------------------------------------------------
 
     def _tick(self, now: float) -> float | None:
-        soonest: float | None = None
-        for hs in [h for h in self._handshakes.values() if now >= h.expires]:
+        """Handshakes past their time; the flows touched or due (``FlowTimers``)."""
+        soonest = self._timers.tick(now)
+        while self._handshakes:
+            hs = next(iter(self._handshakes.values()))  # the oldest: it expires first
+            if now < hs.expires:
+                soonest = hs.expires if soonest is None else min(soonest, hs.expires)
+                break
             self._refused(
                 hs.address[0],
                 TransportTimeout(
@@ -163,13 +168,7 @@ class UdpHub(Hub):
                 ),
             )
             self._end_handshake(hs)
-        for hs in self._handshakes.values():
-            soonest = hs.expires - now if soonest is None else min(soonest, hs.expires - now)
-        for flow in list(self._by_address.values()):
-            due = flow.tick(now)
-            if due is not None:
-                soonest = due if soonest is None else min(soonest, due)
-        return None if soonest is None else max(soonest, 0.0)
+        return None if soonest is None else max(soonest - now, 0.0)
 
     def _drain(self) -> None:
         drain(self._udp, self._rxbuf, self._on_datagram, DRAIN_BUDGET)
@@ -179,6 +178,7 @@ class UdpHub(Hub):
         if flow is None:
             self._stranger(sender, len(view))
             return
+        self._timers.touch(flow)
         try:
             flow.on_datagram(view, now)
         except WireError as exc:
@@ -190,19 +190,9 @@ class UdpHub(Hub):
         """Drop a datagram from an address no joined client said was its own: counted in
         ``udp_stats``, reported (``errors``, log) at most once per ``STRANGER_REPORT_S``."""
         self.udp_stats.add(stranger_datagrams=1)
-        self._strangers += 1
-        now = time.monotonic()
-        if now - self._strangers_reported < STRANGER_REPORT_S:
-            return
-        self._rejected(
-            "stranger",
-            ChunkError(
-                f"dropped {self._strangers} datagram(s) from addresses that have not joined, "
-                f"the last ({nbytes} bytes) from {sender[0]}:{sender[1]}: a client joins over "
-                "its control connection first"
-            ),
-        )
-        self._strangers, self._strangers_reported = 0, now
+        error = self._strangers.note(sender, nbytes)
+        if error is not None:
+            self._rejected("stranger", error)
 
     # -- I/O thread: control connections -------------------------------------------------
 
@@ -385,6 +375,7 @@ class UdpHub(Hub):
 
     def _handle_control(self, flow: Flow, items: list[Message | WireError]) -> None:
         now = time.perf_counter()
+        self._timers.touch(flow)
         for item in items:
             if flow.closed:
                 return
@@ -414,6 +405,7 @@ class UdpHub(Hub):
             return
         flow.flush(time.perf_counter())
         flow.close(PeerGone(f"client {flow.label!r} left: {reason}"))
+        self._timers.discard(flow)
         self._loop.remove(flow.control)
         _close(flow.control)
         if self._by_address.get(peer_key(flow.address)) is flow:
