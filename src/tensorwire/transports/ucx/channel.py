@@ -1,0 +1,83 @@
+"""The ``ucx://`` channel: one UCX endpoint to the hub, read and written by the caller's thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorwire.errors import PeerGone, TransportError, WireError
+from tensorwire.transports.base import Channel, ChannelOptions
+from tensorwire.transports.session import State, Welcomed
+from tensorwire.transports.ucx.pipe import UcxPipe
+from tensorwire.transports.ucx.settings import UcxSettings
+from tensorwire.transports.ucx.workers import ucx_api, worker_for
+from tensorwire.transports.url import host_port
+from tensorwire.wire import EncodedMessage, Message
+
+
+class UcxChannel(Channel):
+    """A client's connection to a :class:`UcxHub`; dials for ``timeouts.connect`` seconds.
+    ``key=`` (its enrolled secret) is proven in the hello and seals the session's bytes;
+    ``tls=`` is accepted and not used (UCX has no TLS)."""
+
+    protocol = "ucx"
+
+    def __init__(self, url: str, options: ChannelOptions) -> None:
+        super().__init__(url, options)
+        self._settings = UcxSettings.from_url(url)
+        self._address = host_port(url)
+        self.reconnect()
+
+    def _open(self, deadline: float | None) -> Welcomed:
+        api = ucx_api()
+        worker = worker_for(self._settings)
+        host, port = self._address
+        try:
+            endpoint = api.UCXEndpoint.create(worker, host, port, True)
+        except Exception as exc:  # ucxx's errors: nobody there (yet)
+            raise PeerGone(f"cannot reach ucx://{host}:{port}: {exc}") from None
+        pipe = UcxPipe(endpoint, self.limits)
+        session = self._client_session(f"the hub at {self.url}")
+        try:
+            pipe.send(session.hello(), deadline)
+            welcome = session.receive(pipe.read_message(deadline))
+        except BaseException:
+            pipe.close()
+            raise
+        assert isinstance(welcome, Welcomed)
+        if session.key is not None:
+            pipe.seal(session.key, hub=False)
+        self._pipe, self._session = pipe, session
+        return welcome
+
+    def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
+        if self._closed:
+            raise PeerGone("channel is closed; call reconnect()")
+        try:
+            self._pipe.send(enc, deadline)
+        except TransportError:
+            self._drop()  # a half-sent message leaves the stream unusable
+            raise
+
+    def _recv_message(self, deadline: float | None, out: Any) -> Message:
+        if self._closed:
+            raise PeerGone("channel is closed; call reconnect()")
+        stream = self._pipe.stream
+        while True:
+            if not stream.in_message:
+                stream.set_out(out)
+            try:
+                msg = self._pipe.read_message(deadline)
+            except WireError:
+                if stream.broken:
+                    self._drop()
+                raise
+            except PeerGone:
+                self._drop()
+                raise
+            session = self._session  # open-session data first: receive's Data, unmade
+            if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
+                return msg
+
+    def _drop(self) -> None:
+        self._closed = True  # at once: a send or read that failed drops the connection too
+        self._pipe.close()
