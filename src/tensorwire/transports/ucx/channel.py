@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from tensorwire.errors import PeerGone, TransportError, WireError
-from tensorwire.transports.base import Channel, ChannelOptions
-from tensorwire.transports.session import State, Welcomed
-from tensorwire.transports.ucx.pipe import UcxPipe
+from tensorwire.transports.base import BYE_TIMEOUT, Channel, ChannelOptions, deadline_after
+from tensorwire.transports.session import State, Welcomed, bye
+from tensorwire.transports.ucx.pipe import UcxPipe, send_closing
 from tensorwire.transports.ucx.settings import UcxSettings
 from tensorwire.transports.ucx.workers import ucx_api, worker_for
 from tensorwire.transports.url import host_port
@@ -75,8 +76,19 @@ class UcxChannel(Channel):
                 self._drop()
                 raise
             session = self._session  # open-session data first: receive's Data, unmade
+            if msg.kind == "bye" and session.state is State.OPEN:
+                send_closing(self._pipe, bye(), deadline_after(BYE_TIMEOUT))  # (see the hub)
             if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
+
+    def _say_goodbye(self) -> None:
+        """Say bye, then wait (up to ``BYE_TIMEOUT``) for the hub's: the hub has then read
+        all this channel sent before closing drops what UCX still holds."""
+        deadline = deadline_after(BYE_TIMEOUT)
+        send_closing(self._pipe, bye(), deadline)
+        with contextlib.suppress(TransportError, WireError):
+            while self._pipe.read_message(deadline).kind != "bye":
+                pass
 
     def _drop(self) -> None:
         self._closed = True  # at once: a send or read that failed drops the connection too

@@ -5,17 +5,23 @@ and starts the connection's thread: that thread reads the hello (under ``HELLO_L
 ``HANDSHAKE_TIMEOUT`` seconds), welcomes or refuses it, then delivers the member's messages
 until it leaves. At most ``MAX_HANDSHAKES`` connections may be saying hello at once; more are
 closed at once, so silent strangers cost a bounded number of threads.
+
+Closing lingers, as TCP's does: UCX may still hold bytes a side has sent when it closes its
+endpoint, and closing drops them. So whoever says bye first waits (up to ``BYE_TIMEOUT``) for
+the other's bye before closing, and each side answers a bye with its own: what was sent
+before a bye has then been read. A peer that dies without a word is found by UCX's
+keepalive (see :mod:`.settings`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireError
-from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, deadline_after
+from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, deadline_after, remaining
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import HELLO_LIMITS, HubSession, State, bye
 from tensorwire.transports.ucx.pipe import UcxPipe, send_closing
@@ -36,6 +42,7 @@ class Peer:
 
     client_id: str
     pipe: UcxPipe
+    done: threading.Event = field(default_factory=threading.Event)  # its thread has ended
 
 
 class UcxHub(Hub):
@@ -157,6 +164,7 @@ class UcxHub(Hub):
             if current:
                 del self._peers[cid]
         pipe.close()
+        peer.done.set()
         if current:
             self._left(cid, reason, session=peer)
 
@@ -176,6 +184,7 @@ class UcxHub(Hub):
             if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
                 self._delivered(peer.client_id, msg)
             elif reason := self._received(peer.client_id, session, msg):
+                send_closing(pipe, bye(), deadline_after(BYE_TIMEOUT))  # see the module doc
                 return reason
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
@@ -201,6 +210,9 @@ class UcxHub(Hub):
                     send_closing_locked(peer.pipe, goodbye)
                 finally:
                     peer.pipe.send_lock.release()
+        deadline = deadline_after(BYE_TIMEOUT)
+        for peer in peers:  # each answers bye with bye: then all it sent has been read
+            peer.done.wait(remaining(deadline))
             peer.pipe.close()
         for pipe in waiting:
             pipe.close()

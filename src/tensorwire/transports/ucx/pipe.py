@@ -26,6 +26,8 @@ COALESCE_BYTES = 64 << 10
 """Pieces of a message smaller than this go in one UCX send (one request, not several)."""
 STAGING_BYTES = 64 << 10
 """A message up to this size (prefix included) is read in two UCX reads into a staging buffer."""
+CLOSE_WAIT_NS = 10**9
+"""Nanoseconds a close waits for the worker's progress thread (each of its two steps)."""
 _EXACT = 1 << 62  # MessageStream's largest read: the whole of each piece, in one request
 
 
@@ -37,6 +39,7 @@ class UcxPipe:
         self.endpoint = endpoint
         self.stream = MessageStream(limits=limits, codec_lookup=get_codec, max_read=_EXACT)
         self.send_lock = threading.Lock()
+        self._post_lock = threading.Lock()  # posting requests, and closing
         self.records: Records | None = None
         self.closed = False
         self._pending: tuple[Any, Any] | None = None  # a read posted, and its buffer
@@ -100,20 +103,25 @@ class UcxPipe:
         self.stream.receive_data(records.open(sealed))
 
     def _read_exact(self, dst: memoryview, deadline: float | None) -> None:
-        if self.closed:
-            raise PeerGone("the connection is closed")
         if self._pending is None:
-            try:
-                request = self.endpoint.stream_recv(array(dst))
-            except Exception as exc:  # ucxx's errors: the endpoint is gone
-                raise PeerGone(f"UCX receive failed: {exc}") from None
-            self._pending = (request, dst)
+            self._pending = (self._post(self.endpoint.stream_recv, dst, "receive"), dst)
         try:
             wait(self._pending[0], deadline, "receive")
         except PeerGone:
             self._pending = None
             raise
         self._pending = None
+
+    def _post(self, operation: Any, buf: Any, what: str) -> Any:
+        """Post a UCX request on the endpoint, unless it is closed (never both at once: a
+        request posted on a closed endpoint is a crash, not an error)."""
+        with self._post_lock:
+            if self.closed:
+                raise PeerGone("the connection is closed")
+            try:
+                return operation(array(buf))
+            except Exception as exc:  # ucxx's errors: the endpoint is gone
+                raise PeerGone(f"UCX {what} failed: {exc}") from None
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -124,25 +132,21 @@ class UcxPipe:
 
     def send_locked(self, enc: EncodedMessage, deadline: float | None) -> None:
         """:meth:`send`, by a thread that holds :attr:`send_lock`."""
-        if self.closed:
-            raise PeerGone("the connection is closed")
         batches = [enc.frames()] if enc.nbytes <= SEGMENT_BYTES else enc.segments()
         for batch in batches:
             pieces = self.records.seal(batch) if self.records else _coalesced(batch)
-            try:
-                requests = [(self.endpoint.stream_send(array(p)), p) for p in pieces]
-            except Exception as exc:
-                raise PeerGone(f"UCX send failed: {exc}") from None
+            requests = [(self._post(self.endpoint.stream_send, p, "send"), p) for p in pieces]
             for request, _ in requests:  # the pieces stay referenced until sent
                 wait(request, deadline, "send")
 
     def close(self) -> None:
         """Close the endpoint (a read or send in progress ends with :class:`PeerGone`)."""
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self.endpoint.close()
+        with self._post_lock:
+            if self.closed:
+                return
+            self.closed = True
+        with contextlib.suppress(Exception):  # waits on the progress thread, for a bounded time
+            self.endpoint.close_blocking(period=CLOSE_WAIT_NS, max_attempts=1)
 
 
 def _coalesced(batch: Any) -> list[Any]:

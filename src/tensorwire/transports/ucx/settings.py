@@ -17,6 +17,9 @@ from tensorwire.transports.url import query_options
 
 DEFAULT_TLS = "tcp,sm,self"
 DEFAULT_DEVICES = "lo"
+KEEPALIVE = "1s"
+"""UCX's keepalive between endpoints: a peer that dies without closing (shared memory has no
+end-of-stream to see) fails its endpoint's requests within a few of these."""
 URL_OPTIONS = ("ucx_tls", "ucx_net_devices")
 _LIST = re.compile(r"^[A-Za-z0-9_:.,^-]{1,200}$")
 
@@ -50,6 +53,7 @@ class UcxSettings:
         return {
             "TLS": self.tls,
             "NET_DEVICES": self.net_devices,
+            "KEEPALIVE_INTERVAL": KEEPALIVE,
             "WARN_UNUSED_ENV_VARS": "n",
         }
 
