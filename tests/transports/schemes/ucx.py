@@ -21,14 +21,19 @@ def hub_url(request) -> str:
     return "ucx://127.0.0.1:0"
 
 
+_WORKER: list = []  # one raw worker for every stranger of the test run
+
+
 def _endpoint(hub_url: str):
-    """A raw UCX endpoint to the hub, on the transport's own worker."""
+    """A raw UCX endpoint to the hub."""
     from tensorwire.transports.ucx.settings import UcxSettings
-    from tensorwire.transports.ucx.workers import ucx_api, worker_for
+    from tensorwire.transports.ucx.workers import start_worker, ucx_api
     from tensorwire.transports.url import host_port
 
+    if not _WORKER:
+        _WORKER.append(start_worker(UcxSettings.from_url(hub_url)))
     host, port = host_port(hub_url)
-    return ucx_api().UCXEndpoint.create(worker_for(UcxSettings.from_url(hub_url)), host, port, True)
+    return ucx_api().UCXEndpoint.create(_WORKER[0], host, port, True)
 
 
 def _send(endpoint, data: bytes) -> None:

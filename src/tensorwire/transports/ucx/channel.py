@@ -8,9 +8,9 @@ from typing import Any
 from tensorwire.errors import PeerGone, TransportError, WireError
 from tensorwire.transports.base import BYE_TIMEOUT, Channel, ChannelOptions, deadline_after
 from tensorwire.transports.session import State, Welcomed, bye
-from tensorwire.transports.ucx.pipe import UcxPipe, send_closing
+from tensorwire.transports.ucx.pipe import LINGER_S, UcxPipe, send_closing
 from tensorwire.transports.ucx.settings import UcxSettings
-from tensorwire.transports.ucx.workers import ucx_api, worker_for
+from tensorwire.transports.ucx.workers import start_worker, stop_worker, ucx_api
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage, Message
 
@@ -26,14 +26,17 @@ class UcxChannel(Channel):
         super().__init__(url, options)
         self._settings = UcxSettings.from_url(url)
         self._address = host_port(url)
-        self.reconnect()
+        self._worker = start_worker(self._settings)
+        try:
+            self.reconnect()
+        except BaseException:
+            stop_worker(self._worker)
+            raise
 
     def _open(self, deadline: float | None) -> Welcomed:
-        api = ucx_api()
-        worker = worker_for(self._settings)
         host, port = self._address
         try:
-            endpoint = api.UCXEndpoint.create(worker, host, port, True)
+            endpoint = ucx_api().UCXEndpoint.create(self._worker, host, port, True)
         except Exception as exc:  # ucxx's errors: nobody there (yet)
             raise PeerGone(f"cannot reach ucx://{host}:{port}: {exc}") from None
         pipe = UcxPipe(endpoint, self.limits)
@@ -78,8 +81,16 @@ class UcxChannel(Channel):
             session = self._session  # open-session data first: receive's Data, unmade
             if msg.kind == "bye" and session.state is State.OPEN:
                 send_closing(self._pipe, bye(), deadline_after(BYE_TIMEOUT))  # (see the hub)
+                self._pipe.linger(LINGER_S)
             if (msg.kind == "data" and session.state is State.OPEN) or self._is_data(session, msg):
                 return msg
+
+    def close(self) -> None:
+        """Say goodbye to the hub, let go of the connection and stop this channel's worker."""
+        try:
+            super().close()
+        finally:
+            stop_worker(self._worker)
 
     def _say_goodbye(self) -> None:
         """Say bye, then wait (up to ``BYE_TIMEOUT``) for the hub's: the hub has then read

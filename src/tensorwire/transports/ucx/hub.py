@@ -8,8 +8,8 @@ closed at once, so silent strangers cost a bounded number of threads.
 
 Closing lingers, as TCP's does: UCX may still hold bytes a side has sent when it closes its
 endpoint, and closing drops them. So whoever says bye first waits (up to ``BYE_TIMEOUT``) for
-the other's bye before closing, and each side answers a bye with its own: what was sent
-before a bye has then been read. A peer that dies without a word is found by UCX's
+the other's bye before closing, and each side answers a bye with its own, then waits a
+moment for the other to close first: what was sent before a bye has then been read. A peer that dies without a word is found by UCX's
 keepalive (see :mod:`.settings`).
 """
 
@@ -24,9 +24,9 @@ from tensorwire.errors import PeerGone, SessionRefused, TransportError, WireErro
 from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, deadline_after, remaining
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import HELLO_LIMITS, HubSession, State, bye
-from tensorwire.transports.ucx.pipe import UcxPipe, send_closing
+from tensorwire.transports.ucx.pipe import LINGER_S, UcxPipe, send_closing
 from tensorwire.transports.ucx.settings import UcxSettings
-from tensorwire.transports.ucx.workers import ucx_api, worker_for
+from tensorwire.transports.ucx.workers import start_worker, stop_worker, ucx_api
 from tensorwire.transports.url import host_port
 from tensorwire.wire import EncodedMessage
 
@@ -63,7 +63,7 @@ class UcxHub(Hub):
         if self.tls is not None:
             _no_tls(self.tls, self.authenticate is not None)
         api = ucx_api()
-        self._worker = worker_for(settings)
+        self._worker = start_worker(settings)
         self._peers: dict[str, Peer] = {}
         self._handshakes: set[UcxPipe] = set()
         self._lock = threading.Lock()  # guards the two above and _stopping
@@ -75,6 +75,7 @@ class UcxHub(Hub):
                 worker=self._worker, port=port, cb_func=self._on_connect
             )
         except Exception as exc:
+            stop_worker(self._worker)
             raise TransportError(
                 f"cannot serve {url}: {exc} (is the port taken? pick another, or 0)"
             ) from None
@@ -184,7 +185,9 @@ class UcxHub(Hub):
             if msg.kind == "data" and session.state is State.OPEN:  # receive's Data, unmade
                 self._delivered(peer.client_id, msg)
             elif reason := self._received(peer.client_id, session, msg):
-                send_closing(pipe, bye(), deadline_after(BYE_TIMEOUT))  # see the module doc
+                if not self._stopping:  # its bye came first: answer it (see the module doc)
+                    send_closing(pipe, bye(), deadline_after(BYE_TIMEOUT))
+                    pipe.linger(LINGER_S)
                 return reason
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
@@ -220,6 +223,7 @@ class UcxHub(Hub):
             threads = list(self._threads)
         for t in threads:
             t.join(timeout=5)
+        stop_worker(self._worker)
 
 
 def send_closing_locked(pipe: UcxPipe, enc: EncodedMessage) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 from tensorwire.codecs import get_codec
@@ -26,8 +27,10 @@ COALESCE_BYTES = 64 << 10
 """Pieces of a message smaller than this go in one UCX send (one request, not several)."""
 STAGING_BYTES = 64 << 10
 """A message up to this size (prefix included) is read in two UCX reads into a staging buffer."""
-CLOSE_WAIT_NS = 10**9
-"""Nanoseconds a close waits for the worker's progress thread (each of its two steps)."""
+LINGER_S = 0.25
+"""Seconds a side that answered a bye waits for the peer to close first (see :meth:`UcxPipe.linger`)."""
+ABORT_WAIT_NS = 10**9
+"""Nanoseconds the close of a failed endpoint waits for the progress thread (each step)."""
 _EXACT = 1 << 62  # MessageStream's largest read: the whole of each piece, in one request
 
 
@@ -123,6 +126,15 @@ class UcxPipe:
             except Exception as exc:  # ucxx's errors: the endpoint is gone
                 raise PeerGone(f"UCX {what} failed: {exc}") from None
 
+    def linger(self, seconds: float) -> None:
+        """After answering the peer's bye: wait until the peer closes (a read fails), at most
+        ``seconds``, so the answer is read before this side's close drops it. Whatever else
+        comes is dropped."""
+        deadline = time.monotonic() + seconds
+        with contextlib.suppress(TransportError):
+            while True:
+                self._read_exact(self._staging[:1], deadline)
+
     # -- sending ----------------------------------------------------------------------------
 
     def send(self, enc: EncodedMessage, deadline: float | None) -> None:
@@ -145,8 +157,11 @@ class UcxPipe:
             if self.closed:
                 return
             self.closed = True
-        with contextlib.suppress(Exception):  # waits on the progress thread, for a bounded time
-            self.endpoint.close_blocking(period=CLOSE_WAIT_NS, max_attempts=1)
+        with contextlib.suppress(Exception):
+            if self.endpoint.alive:
+                self.endpoint.close()  # flushes what was sent first, on the progress thread
+            else:  # failed (the peer is gone): close() on it crashes; ucxx itself aborts it
+                self.endpoint.close_blocking(period=ABORT_WAIT_NS, max_attempts=1)
 
 
 def _coalesced(batch: Any) -> list[Any]:

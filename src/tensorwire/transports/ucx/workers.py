@@ -1,8 +1,8 @@
-"""The process's UCX workers, and waiting for a UCX request with a deadline.
+"""UCX workers, and waiting for a UCX request with a deadline.
 
-One UCX context and worker per set of :class:`UcxSettings`, shared by every hub and channel of
-the process that uses those settings, each progressed by its own ucxx thread (blocking mode:
-it sleeps in ``epoll`` while nothing happens). Made on first use, stopped at exit.
+One UCX context per set of :class:`UcxSettings` in a process, made on first use; a worker per
+hub and per channel, progressed by its own ucxx thread (blocking mode: it sleeps in
+``epoll`` while nothing happens); workers still running at exit are stopped then.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ NAP_S = (2e-5, 2e-4, 1e-3)
 transfer is seen within tens of microseconds, an idle connection costs ~1,000 looks a second."""
 
 _lock = threading.Lock()
-_workers: dict[UcxSettings, Any] = {}
-_contexts: list[Any] = []
+_contexts: dict[UcxSettings, Any] = {}
+_running: set[Any] = set()  # workers whose progress thread runs
 
 
 def ucx_api() -> Any:
@@ -44,30 +44,38 @@ def array(buf: Any) -> Any:
     return Array(buf)
 
 
-def worker_for(settings: UcxSettings) -> Any:
-    """The worker of ``settings``, made (with its progress thread) on first use."""
+def start_worker(settings: UcxSettings) -> Any:
+    """A new UCX worker with its progress thread, on the process's context for ``settings``
+    (made on first use: the costly part). A hub or channel has its own (on one worker, one
+    side's close never reached the other); :func:`stop_worker` ends it."""
     with _lock:
-        worker = _workers.get(settings)
-        if worker is None:
-            api = ucx_api()
+        api = ucx_api()
+        context = _contexts.get(settings)
+        if context is None:
             context = api.UCXContext(
-                settings.config(),
-                feature_flags=(api.Feature.STREAM, api.Feature.WAKEUP),
+                settings.config(), feature_flags=(api.Feature.STREAM, api.Feature.WAKEUP)
             )
-            worker = api.UCXWorker(context)
-            worker.start_progress_thread(polling_mode=False)
-            if not _workers:
+            if not _contexts:
                 atexit.register(_stop_all)
-            _contexts.append(context)
-            _workers[settings] = worker
+            _contexts[settings] = context
+        worker = api.UCXWorker(context)
+        worker.start_progress_thread(polling_mode=False)
+        _running.add(worker)
         return worker
 
 
-def _stop_all() -> None:
+def stop_worker(worker: Any) -> None:
+    """Stop ``worker``'s progress thread (once its endpoints are closed)."""
     with _lock:
-        for worker in _workers.values():
-            worker.stop_progress_thread()
-        _workers.clear()
+        if worker not in _running:
+            return
+        _running.discard(worker)
+    worker.stop_progress_thread()
+
+
+def _stop_all() -> None:
+    for worker in list(_running):
+        stop_worker(worker)
 
 
 def wait(request: Any, deadline: float | None, what: str) -> None:
