@@ -36,6 +36,13 @@ def _endpoint(hub_url: str):
     return ucx_api().UCXEndpoint.create(_WORKER[0], host, port, True)
 
 
+def _pipe(hub_url: str):
+    from tensorwire.transports.ucx.pipe import UcxPipe
+    from tensorwire.wire import Limits
+
+    return UcxPipe(_endpoint(hub_url), Limits())
+
+
 def _send(endpoint, data: bytes) -> None:
     """Send ``data``, waiting (bounded) until it went or the hub dropped the connection."""
     from tensorwire.errors import TransportError
@@ -50,10 +57,8 @@ def _send(endpoint, data: bytes) -> None:
 def _join(hub_url: str, client_id: str):
     """A raw endpoint that said a valid hello and got the hub's welcome."""
     from tensorwire.transports.session import ClientSession
-    from tensorwire.transports.ucx.pipe import UcxPipe
-    from tensorwire.wire import Limits
 
-    pipe = UcxPipe(_endpoint(hub_url), Limits())
+    pipe = _pipe(hub_url)
     pipe.send(ClientSession(client_id, decoders=[], max_message_bytes=1 << 20).hello(), None)
     assert pipe.read_message(time.monotonic() + T).kind == "welcome"
     return pipe
@@ -78,20 +83,18 @@ def inject_forged(hub_url: str, client_ids: list[str]) -> None:
     from tensorwire.wire import encode_message
     from tensorwire.wire.format import MAGIC, PREFIX, VERSION
 
-    endpoints = []
+    pipes = []
     for payload in (
         b"\xde\xad\xbe\xef" * 64,
         PREFIX.pack(MAGIC, VERSION, 0, 0, (8 << 20) - 1, 0, 1 << 40),
     ):
-        ep = _endpoint(hub_url)
-        _send(ep, payload)
-        endpoints.append(ep)
+        pipe = _pipe(hub_url)
+        _send(pipe.endpoint, payload)
+        pipes.append(pipe)
     member = _join(hub_url, "stranger")
     cut_short = encode_message({"x": np.zeros(1 << 28, np.float32)}, {}).head  # 1 GiB declared
     _send(member.endpoint, bytes(cut_short) + bytes(4096))  # then silence
-    for _ in range(100):
-        endpoints.append(_endpoint(hub_url))
+    pipes += [_pipe(hub_url) for _ in range(100)]
     time.sleep(0.5)
-    member.close()
-    for ep in endpoints:
-        ep.close()
+    for pipe in [member, *pipes]:
+        pipe.close()  # (a raw close() of an endpoint the hub dropped crashes: see UcxPipe)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ class UcxHub(Hub):
         self._lock = threading.Lock()  # guards the two above and _stopping
         self._stopping = False
         self._threads: list[threading.Thread] = []
-        self._made: list[Any] = []  # the listener, once made: its callback may come first
+        self._listener: Any = None  # once made (its callback may come first)
         try:
             listener = api.UCXListener.create(
                 worker=self._worker, port=port, cb_func=self._on_connect
@@ -79,15 +80,17 @@ class UcxHub(Hub):
             raise TransportError(
                 f"cannot serve {url}: {exc} (is the port taken? pick another, or 0)"
             ) from None
-        self._made.append(listener)
+        self._listener = listener
         self.url = f"ucx://{host}:{listener.port}{settings.query()}"
 
     def _on_connect(self, conn_request: Any) -> None:
         """A connection request (on the progress thread: start its thread, never block)."""
-        while not self._made:  # the listener's creation has not returned yet
-            pass
+        while self._listener is None and not self._stopping:
+            time.sleep(0)  # the listener's creation has not returned yet
+        if self._stopping:
+            return  # closing: its client's dial times out
         try:
-            endpoint = self._made[0].create_endpoint_from_conn_request(conn_request, True)
+            endpoint = self._listener.create_endpoint_from_conn_request(conn_request, True)
         except Exception as exc:
             self._refused("a UCX peer", TransportError(f"could not accept: {exc}"))
             return
@@ -205,7 +208,6 @@ class UcxHub(Hub):
             self._stopping = True
             peers = list(self._peers.values())
             waiting = list(self._handshakes)
-        self._made.clear()  # the listener goes with its last reference: no new connections
         goodbye = bye("the hub is closing")
         for peer in peers:
             if peer.pipe.send_lock.acquire(timeout=BYE_TIMEOUT):
@@ -224,6 +226,7 @@ class UcxHub(Hub):
         for t in threads:
             t.join(timeout=5)
         stop_worker(self._worker)
+        self._listener = None  # (only now: its callback may be running until the worker stops)
 
 
 def send_closing_locked(pipe: UcxPipe, enc: EncodedMessage) -> None:

@@ -145,11 +145,12 @@ class UcxPipe:
     def send_locked(self, enc: EncodedMessage, deadline: float | None) -> None:
         """:meth:`send`, by a thread that holds :attr:`send_lock`."""
         batches = [enc.frames()] if enc.nbytes <= SEGMENT_BYTES else enc.segments()
+        requests = []  # all posted before any is waited for: UCX moves one while the next is made
         for batch in batches:
             pieces = self.records.seal(batch) if self.records else _coalesced(batch)
-            requests = [(self._post(self.endpoint.stream_send, p, "send"), p) for p in pieces]
-            for request, _ in requests:  # the pieces stay referenced until sent
-                wait(request, deadline, "send")
+            requests += [(self._post(self.endpoint.stream_send, p, "send"), p) for p in pieces]
+        for request, _ in requests:  # the pieces stay referenced until sent
+            wait(request, deadline, "send")
 
     def close(self) -> None:
         """Close the endpoint (a read or send in progress ends with :class:`PeerGone`)."""
