@@ -300,7 +300,6 @@ def bench_stream_cmd(
     from tensorwire.bench.progress import progress_bar
     from tensorwire.bench.stream import bench_stream, stream_targets
     from tensorwire.bench.tables import print_table, write_rows
-
     from tensorwire.transports.registry import get_transport
 
     names = transports_option(transports)

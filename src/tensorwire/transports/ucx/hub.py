@@ -9,12 +9,14 @@ closed at once, so silent strangers cost a bounded number of threads.
 Closing lingers, as TCP's does: UCX may still hold bytes a side has sent when it closes its
 endpoint, and closing drops them. So whoever says bye first waits (up to ``BYE_TIMEOUT``) for
 the other's bye before closing, and each side answers a bye with its own, then waits a
-moment for the other to close first: what was sent before a bye has then been read. A peer that dies without a word is found by UCX's
-keepalive (see :mod:`.settings`).
+moment for the other to close first: what was sent before a bye has then been read. A peer
+that dies without a word is found by UCX (a socket's close, or its keepalive: see
+:mod:`.settings`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -231,10 +233,8 @@ class UcxHub(Hub):
 
 def send_closing_locked(pipe: UcxPipe, enc: EncodedMessage) -> None:
     """A goodbye by a thread holding the pipe's send lock, if it can go within BYE_TIMEOUT."""
-    try:
+    with contextlib.suppress(TransportError):
         pipe.send_locked(enc, deadline_after(BYE_TIMEOUT))
-    except TransportError:
-        pass
 
 
 def _no_tls(tls: TLS, checked: bool) -> None:

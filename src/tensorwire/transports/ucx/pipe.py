@@ -28,7 +28,8 @@ COALESCE_BYTES = 64 << 10
 STAGING_BYTES = 64 << 10
 """A message up to this size (prefix included) is read in two UCX reads into a staging buffer."""
 LINGER_S = 0.25
-"""Seconds a side that answered a bye waits for the peer to close first (see :meth:`UcxPipe.linger`)."""
+"""Seconds a side that answered a bye waits for the peer to close first
+(:meth:`UcxPipe.linger`)."""
 ABORT_WAIT_NS = 10**9
 """Nanoseconds the close of a failed endpoint waits for the progress thread (each step)."""
 _EXACT = 1 << 62  # MessageStream's largest read: the whole of each piece, in one request
@@ -189,4 +190,3 @@ def send_closing(pipe: UcxPipe, enc: EncodedMessage, deadline: float | None) -> 
     """Send a control message on a connection about to close, if it can go by ``deadline``."""
     with contextlib.suppress(TransportError):
         pipe.send(enc, deadline)
-

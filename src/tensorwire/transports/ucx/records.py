@@ -88,8 +88,6 @@ class Records:
         try:
             self._open.decrypt_into(_NONCE.pack(self._opened), sealed, bytes(self.head), out)
         except InvalidTag:
-            raise PeerGone(
-                "a record failed authentication: forged, replayed or altered"
-            ) from None
+            raise PeerGone("a record failed authentication: forged, replayed or altered") from None
         self._opened += 1
         return out
