@@ -72,12 +72,13 @@ def test_a_secured_session_round_trips_over_ucx(tmp_path):
     from tensorwire.transports.certs import make_certs
 
     e = make_certs(tmp_path, hosts=["127.0.0.1"], clients=["dev1"])
-    with tensorwire.serve("ucx://127.0.0.1:0", auth=tensorwire.Keys.load(e.keys)) as hub:
-        with tensorwire.connect(hub.url, client_id="dev1", key=e.devices["dev1"]["secret"]) as ch:
-            hub.wait_for(1, timeout=30)
-            assert ch._pipe.records is not None  # sealed after the welcome
-            big = np.frombuffer(PATTERN * 1024, np.uint8)
-            hub.send("dev1", {"p": big}, timeout=30)
-            assert np.array_equal(ch.recv(timeout=30)["p"], big)
-            ch.send({"p": big[:100]}, timeout=30)
-            assert np.array_equal(hub.recv(timeout=30)[1]["p"], big[:100])
+    hub = tensorwire.serve("ucx://127.0.0.1:0", auth=tensorwire.Keys.load(e.keys))
+    secret = e.devices["dev1"]["secret"]
+    with hub, tensorwire.connect(hub.url, client_id="dev1", key=secret) as ch:
+        hub.wait_for(1, timeout=30)
+        assert ch._pipe.records is not None  # sealed after the welcome
+        big = np.frombuffer(PATTERN * 1024, np.uint8)
+        hub.send("dev1", {"p": big}, timeout=30)
+        assert np.array_equal(ch.recv(timeout=30)["p"], big)
+        ch.send({"p": big[:100]}, timeout=30)
+        assert np.array_equal(hub.recv(timeout=30)[1]["p"], big[:100])
