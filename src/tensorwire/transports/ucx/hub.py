@@ -131,6 +131,7 @@ class UcxHub(Hub):
         except SessionRefused as exc:
             send_closing(pipe, session.refusal(exc), deadline_after(BYE_TIMEOUT))
             self._refused("a UCX peer", exc)
+            pipe.linger(BYE_TIMEOUT)  # the client closes once it has read why: then close
             pipe.close()
             return None
         except (WireError, TransportError) as exc:
