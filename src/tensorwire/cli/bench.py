@@ -303,7 +303,7 @@ def bench_stream_cmd(
     from tensorwire.transports.registry import get_transport
 
     names = transports_option(transports)
-    contenders = len(names) + 1 + any(get_transport(n).name == "ucx" for n in names)
+    contenders = len(names) + 1 + any(get_transport(n).baseline == "ucxx_raw" for n in names)
     with benchmark_hubs(), progress_bar() as bar:
         task = bar.add_task("stream trials", total=repeat * contenders)
         rows = bench_stream(
@@ -314,7 +314,7 @@ def bench_stream_cmd(
             streams=streams,
             window=window,
             repeat=repeat,
-            ucxx_baseline=any(get_transport(n).name == "ucx" for n in names),
+            ucxx_baseline=any(get_transport(n).baseline == "ucxx_raw" for n in names),
             progress=lambda: bar.advance(task),
         )
     title = (

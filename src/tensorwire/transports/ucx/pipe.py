@@ -110,7 +110,7 @@ class UcxPipe:
         if self._pending is None:
             self._pending = (self._post(self.endpoint.stream_recv, dst, "receive"), dst)
         try:
-            wait(self._pending[0], deadline, "receive")
+            wait(self._pending[0], deadline, "receive", self.endpoint)
         except PeerGone:
             self._pending = None
             raise

@@ -78,9 +78,11 @@ def _stop_all() -> None:
         stop_worker(worker)
 
 
-def wait(request: Any, deadline: float | None, what: str) -> None:
+def wait(request: Any, deadline: float | None, what: str, endpoint: Any = None) -> None:
     """Wait until ``request`` completes (``TransportTimeout`` at ``deadline``, the request
-    left pending); :class:`PeerGone` if it failed (the connection is lost or closed)."""
+    left pending); :class:`PeerGone` if it failed (the connection is lost or closed), or if
+    ``endpoint`` is found failed while it waits (a peer's close does not always fail the
+    requests pending on it)."""
     looks = 0
     while not request.completed:
         looks += 1
@@ -88,6 +90,8 @@ def wait(request: Any, deadline: float | None, what: str) -> None:
             continue
         if deadline is not None and time.monotonic() >= deadline:
             raise TransportTimeout(f"{what} timed out")
+        if endpoint is not None and looks % SPINS == 0 and not endpoint.alive:
+            raise PeerGone(f"UCX {what}: the connection was closed")
         time.sleep(NAP_S[0] if looks < 10 * SPINS else NAP_S[1] if looks < 50 * SPINS else NAP_S[2])
     try:
         request.check_error()
