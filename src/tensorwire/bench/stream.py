@@ -163,6 +163,10 @@ def peer_main() -> None:
                 out = _receive_tw(parts[1], parts[2], int(parts[3]))
             elif parts[0] == "doget":
                 out = _receive_flight(int(parts[1]), int(parts[2]))
+            elif parts[0] == "ucxx":
+                from tensorwire.bench import stream_ucxx
+
+                out = stream_ucxx.receive(*map(int, parts[1:5]))
             else:
                 break
             print(json.dumps(out), flush=True)
@@ -170,6 +174,8 @@ def peer_main() -> None:
         for chans in _peer_channels.values():
             for ch in chans:
                 ch.close()
+        if "tensorwire.bench.stream_ucxx" in sys.modules:
+            sys.modules["tensorwire.bench.stream_ucxx"].close_peer()
 
 
 # --- the sending side -----------------------------------------------------------------------
@@ -207,10 +213,12 @@ def bench_stream(
     window: int = 16,
     repeat: int = 5,
     flight_baseline: bool = True,
+    ucxx_baseline: bool = False,
     progress: Any = None,
 ) -> list[dict[str, Any]]:
     """Run the trials; return one row per contender with MB/s, batches/s and per-batch wait
-    percentiles (medians over ``repeat`` interleaved trials)."""
+    mean and percentiles (medians over ``repeat`` interleaved trials). ``ucxx_baseline``: also
+    raw ucxx (:mod:`tensorwire.bench.stream_ucxx`), ``ucx://``'s baseline."""
     data = make_columns(records, columns)
     batch_bytes = sum(a.nbytes for a in data.values())
     pin = ["--cpu", str(_CPUS[-1])] if len(_CPUS) > 1 else []
@@ -233,6 +241,17 @@ def bench_stream(
                 return _ask(peer, f"doget {source.port} {streams}")
 
             runs.append((FLIGHT, run_flight))
+        if ucxx_baseline:
+            from tensorwire.bench.stream_ucxx import NAME, UcxxSource
+
+            ucxx = UcxxSource(data, streams)
+            stack.callback(ucxx.close)
+
+            def run_ucxx(source: UcxxSource = ucxx) -> dict[str, Any]:
+                source.batches = batches
+                return _ask(peer, f"ucxx {source.port} {streams} {batches} {batch_bytes}")
+
+            runs.append((NAME, run_ucxx))
         for name in transports:
             entry = get_transport(name)
             url = stack.enter_context(local_hub_url(name))
@@ -260,6 +279,7 @@ def bench_stream(
             "mb_per_s": statistics.median(mbs),
             "batches_per_s": statistics.median(bps),
         }
+        row["mean_us"] = statistics.median(statistics.fmean(res["waits"]) * 1e6 for res in results)
         for q in (50, 95, 99):
             row[f"p{q}_us"] = statistics.median(
                 percentile(res["waits"], q) * 1e6 for res in results

@@ -302,9 +302,10 @@ def bench_stream_cmd(
     from tensorwire.bench.progress import progress_bar
     from tensorwire.bench.stream import bench_stream, stream_targets
     from tensorwire.bench.tables import print_table, write_rows
+    from tensorwire.transports.registry import get_transport
 
     names = transports_option(transports)
-    contenders = len(names) + 1
+    contenders = len(names) + 1 + any(get_transport(n).baseline == "ucxx_raw" for n in names)
     with benchmark_hubs(), progress_bar() as bar:
         task = bar.add_task("stream trials", total=repeat * contenders)
         rows = bench_stream(
@@ -315,6 +316,7 @@ def bench_stream_cmd(
             streams=streams,
             window=window,
             repeat=repeat,
+            ucxx_baseline=any(get_transport(n).baseline == "ucxx_raw" for n in names),
             progress=lambda: bar.advance(task),
         )
     title = (
@@ -325,6 +327,7 @@ def bench_stream_cmd(
         "contender",
         "mb_per_s",
         "batches_per_s",
+        "mean_us",
         "p50_us",
         "p95_us",
         "p99_us",

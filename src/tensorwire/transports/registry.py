@@ -434,3 +434,11 @@ register_transport(
     "quic",
     local_url="quic://127.0.0.1:0?mtu=16000",  # loopback: the largest datagrams quic takes
 )
+register_transport(
+    "ucx",
+    f"{_T}.ucx.UcxHub",
+    f"{_T}.ucx.UcxChannel",
+    "ucx",
+    baseline="ucxx_raw",
+    baseline_target=0.9,
+)
