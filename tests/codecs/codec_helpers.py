@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from tensorwire.codecs import LZ4, LZMA, Blosc2, Codec, Zlib, Zstd
+from tensorwire.codecs import LZ4, LZMA, Blosc2, Codec, FloatPlanes, Zlib, Zstd
 
 SMALL_BLOCK = 1 << 16  # the smallest block size, so that a few hundred KiB span many blocks
 
@@ -20,6 +20,9 @@ CODECS: list[Codec] = [
     Blosc2(cname="blosclz", filter="none", block_size=SMALL_BLOCK),
     Blosc2(cname="lz4hc", clevel=9),
     Blosc2(cname="zlib", clevel=1, typesize=2),
+    FloatPlanes(block_size=SMALL_BLOCK),
+    FloatPlanes(typesize=2),
+    FloatPlanes(typesize=8, block_size=SMALL_BLOCK),
 ]
 
 

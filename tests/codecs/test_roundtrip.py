@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from codec_helpers import SMALL_BLOCK
 
-from tensorwire.codecs import Blosc2, Codec, get_codec
+from tensorwire.codecs import Blosc2, Codec, FloatPlanes, get_codec
 
 SIZES = [0, 1, 7, SMALL_BLOCK - 1, SMALL_BLOCK, SMALL_BLOCK + 1, 5 * SMALL_BLOCK + 13]
 
@@ -43,7 +43,10 @@ def test_round_trip_into_out_and_allocated(codec: Codec, kind: str, nbytes: int)
 
 def test_repetitive_data_shrinks(codec: Codec) -> None:
     data = payload("repetitive", 5 * SMALL_BLOCK)
-    assert memoryview(codec.encode(data)).nbytes < data.nbytes // 10
+    # floatplanes entropy codes each byte plane (string matches only in near-constant
+    # ones): "tensorwire!" repeated is 3.3 bits per byte to it, a tenth to the LZ codecs.
+    factor = 2 if isinstance(codec, FloatPlanes) else 10
+    assert memoryview(codec.encode(data)).nbytes < data.nbytes // factor
 
 
 DTYPES = [

@@ -412,7 +412,7 @@ def ramp(n: int, dtype: str, start: int = 0) -> np.ndarray:
 
 
 def codec_vectors(w: Writer) -> None:
-    """Vectors for zlib, lzma, blosc2, the lossy codecs, chains, and codec errors."""
+    """Vectors for zlib, lzma, blosc2, floatplanes, the lossy codecs, chains, and codec errors."""
     pattern = np.tile(np.arange(16, dtype=np.float32), 64).reshape(32, 32)
     raw = array("uint8", [1, 2, 3], (3,))
     lossless: list[tuple[str, str, dict[str, Any]]] = [
@@ -441,6 +441,11 @@ def codec_vectors(w: Writer) -> None:
                 "typesize": 4,
                 "block_size": 65536,
             },
+        ),
+        (
+            "floatplanes_compressed.bin",
+            "floatplanes (byte planes of 4-byte elements, DEFLATE)",
+            {"id": "floatplanes", "typesize": 4, "block_size": 65536},
         ),
     ]
     for file, what, config in lossless:

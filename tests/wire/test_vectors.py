@@ -162,7 +162,8 @@ def test_every_codec_has_a_vector() -> None:
     chains = [chain for v in by_type("message") for chain in (v["encode"]["codecs"] or {}).values()]
     configs = [c for chain in chains for c in chain]
     assert {c["id"] for c in configs} == set(codecs.available_codecs())
-    assert {c["id"] for c in configs} == {"lz4", "zstd", "zlib", "lzma", "blosc2", *SPEC_LOSSY}
+    lossless = {"lz4", "zstd", "zlib", "lzma", "blosc2", "floatplanes"}
+    assert {c["id"] for c in configs} == {*lossless, *SPEC_LOSSY}
     assert {c["filter"] for c in configs if c["id"] == "blosc2"} >= {"shuffle", "bitshuffle"}
     qsgd_levels = {c["levels"] for c in configs if c["id"] == "qsgd"}
     assert {2 if s == 1 else 4 if s <= 7 else 8 for s in qsgd_levels} == {2, 4, 8}  # code widths
@@ -233,11 +234,30 @@ def spec_container_decode(codec: str, payload: bytes) -> bytes:
             nbytes, cbytes = struct.unpack_from("<I4xI", block, 4)
             assert (nbytes, cbytes) == (raw_i, size)
             out.append(blosc2.decompress(block))
+        elif codec == "floatplanes":
+            out.append(spec_floatplanes_block(block, raw_i))
         else:
             raise AssertionError(codec)
         assert len(out[-1]) == raw_i
     assert pos == len(payload)
     return b"".join(out)
+
+
+def spec_floatplanes_block(block: bytes, raw_i: int) -> bytes:
+    """A floatplanes block (11.2): byte planes of rotated elements, raw or DEFLATE."""
+    t = block[0]
+    n = raw_i // t
+    sizes = struct.unpack_from(f"<{t}I", block, 1)
+    pos, words = 1 + 4 * t, [0] * n
+    for k, size in enumerate(sizes):
+        stream = block[pos : pos + size]
+        pos += size
+        plane = stream if size == n else zlib.decompress(stream, -15)
+        assert len(plane) == n
+        words = [w | (b << (8 * k)) for w, b in zip(words, plane, strict=True)]
+    bits = 8 * t
+    rotated = [(w >> 1) | ((w & 1) << (bits - 1)) if t > 1 else w for w in words]
+    return b"".join(w.to_bytes(t, "little") for w in rotated)
 
 
 # Section 11.3: the lossy payloads. Arithmetic in float32, float64 for float64 tensors,

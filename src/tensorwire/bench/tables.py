@@ -46,6 +46,8 @@ def print_table(
         table.add_column(
             col,
             justify="left" if col in ("case", "transport", "codec", "dtype", "shape") else "right",
+            # A header is never cut to an ellipsis: on a narrow terminal it wraps instead.
+            overflow="fold",
         )
     for row in rows:
         table.add_row(*(_fmt(row.get(c, "")) for c in columns))

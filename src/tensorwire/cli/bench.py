@@ -236,12 +236,50 @@ def bench_latency_cmd(
 @bench_app.command("codec")
 def bench_codec_cmd(
     repeat: Annotated[int, typer.Option(min=1, help="Timed runs per case (median reported).")] = 5,
+    models: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated models whose trained weights to compress (vgg5, vgg8, "
+            "resnet18), or 'none' to skip them."
+        ),
+    ] = "vgg5,vgg8,resnet18",
     out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
 ) -> None:
-    """tensorwire codecs vs lz4 / zstd / blosc2 called directly (the Dask case), and auto."""
+    """floatplanes vs zipnn / blosc2 / zstd / lz4 on trained weights and round-to-round
+    deltas; tensorwire codecs vs the libraries called directly (the Dask case); auto."""
     from tensorwire.bench.codec import bench_auto_incompressible, bench_codecs
+    from tensorwire.bench.codec_weights import MODELS, bench_weights
     from tensorwire.bench.tables import print_table, write_rows
 
+    chosen = [] if models.strip().lower() == "none" else split_list(models)
+    unknown = sorted(set(chosen) - set(MODELS))
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)} or none",
+            param_hint="--models",
+        )
+    out_dir = results_dir(out, "bench-codec")
+    paths = []
+    if chosen:
+        weights = bench_weights(tuple(chosen), repeat, progress=console.print)
+        print_table(
+            weights,
+            f"trained weights and deltas (XOR of two checkpoints one epoch apart), one thread, "
+            f"median of {repeat} interleaved runs; ratio = raw / compressed bytes; GB/s = raw "
+            "GB per CPU second of this process",
+            [
+                "model",
+                "dtype",
+                "data",
+                "codec",
+                "raw_MB",
+                "ratio",
+                "compress_GBps",
+                "decompress_GBps",
+            ],
+            console,
+        )
+        paths += write_rows(weights, out_dir, "weights")
     rows = bench_codecs(repeat)
     cols = [
         "codec",
@@ -255,7 +293,12 @@ def bench_codec_cmd(
         "message_encode_ms",
         "message_decode_ms",
     ]
-    print_table(rows, f"np.ones((4096, 4096)) float64, 128 MiB, median of {repeat}", cols, console)
+    print_table(
+        rows,
+        f"np.ones((4096, 4096)) float64, 128 MiB, median of {repeat}; ratio = compressed / raw",
+        cols,
+        console,
+    )
     auto = bench_auto_incompressible(repeat)
     print_table(
         [auto],
@@ -270,8 +313,7 @@ def bench_codec_cmd(
         ],
         console,
     )
-    out_dir = results_dir(out, "bench-codec")
-    paths = write_rows(rows, out_dir, "codec") + write_rows([auto], out_dir, "auto")
+    paths += write_rows(rows, out_dir, "codec") + write_rows([auto], out_dir, "auto")
     console.print(f"results: {', '.join(str(p) for p in paths)}")
 
 

@@ -2,7 +2,8 @@
 
 Every codec follows numcodecs' shape: ``encode(buf)``, ``decode(buf, out=None)`` into a
 preallocated buffer, ``get_config()`` / ``from_config()`` with an ``"id"``. lz4, zstd,
-zlib, lzma and blosc2 share one block container (:mod:`tensorwire.codecs.blocked`) whose
+zlib, lzma, blosc2 and floatplanes (byte planes of floats, each entropy coded) share one
+block container (:mod:`tensorwire.codecs.blocked`) whose
 blocks are (de)compressed in parallel threads (:func:`set_threads`). Lossy tensor
 compressors and error feedback are in :mod:`tensorwire.codecs.lossy` (:func:`lossy_selector`).
 """
@@ -14,6 +15,7 @@ from tensorwire.codecs.auto import AutoCodec, CodecEstimate
 from tensorwire.codecs.blocked import BlockedCodec
 from tensorwire.codecs.blosc2 import Blosc2
 from tensorwire.codecs.fixed_chain import FixedChainSelector
+from tensorwire.codecs.floatplanes import FloatPlanes
 from tensorwire.codecs.lossy import (
     BF16,
     DGC,
@@ -36,7 +38,7 @@ from tensorwire.codecs.threads import get_threads, set_threads
 from tensorwire.codecs.zlib import Zlib
 from tensorwire.codecs.zstd import Zstd
 
-_BUILT_IN: tuple[type[Codec], ...] = (LZ4, Zstd, Zlib, Blosc2, *LOSSY_CODECS.values())
+_BUILT_IN: tuple[type[Codec], ...] = (LZ4, Zstd, Zlib, Blosc2, FloatPlanes, *LOSSY_CODECS.values())
 for _codec in _BUILT_IN:
     register_codec(_codec)
 
@@ -63,6 +65,7 @@ __all__ = [
     "CodecEstimate",
     "ErrorFeedback",
     "FixedChainSelector",
+    "FloatPlanes",
     "Int8",
     "LossyCodec",
     "LossySelector",

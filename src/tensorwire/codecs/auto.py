@@ -22,6 +22,7 @@ import numpy as np
 
 from tensorwire.codecs.abc import Codec
 from tensorwire.codecs.blosc2 import Blosc2
+from tensorwire.codecs.floatplanes import FloatPlanes
 from tensorwire.codecs.lz4 import LZ4
 from tensorwire.codecs.sampling import Trial, sample_bytes
 from tensorwire.codecs.streams import (
@@ -45,6 +46,9 @@ TIE_MARGIN = 0.5
 """An earlier option (raw, then the candidates cheapest first) is kept unless a later one
 is faster by more than this fraction of the two's codec seconds: timing noise on a busy
 machine moves those by tens of percent, and must not flip the choice."""
+FLOATPLANES_MAX_BANDWIDTH = 2e8
+"""floatplanes is tried only on links slower than this (bytes/s): it codes a few hundred MB/s
+per thread, so on faster links raw or the blosc2 codecs win and sampling it would be waste."""
 _PARALLEL_BLOCK = 1 << 20  # bytes of work a codec gives each thread at least
 _WARM_UP = np.zeros(4096, dtype=np.uint8).data  # compressible by every codec
 _TIMED_RUNS = 3  # runs of a codec that can win, on a sample: the fastest one counts
@@ -86,10 +90,10 @@ class AutoCodec:
 
     ``bandwidth`` is the link's throughput in bytes per second; tensors under ``min_size``
     bytes go raw, and so does any tensor no candidate shrinks by at least ``min_saving``
-    (a fraction). ``candidates`` (default: lz4, blosc2 lz4 with byte and bit shuffle, zstd
-    level 1) are tried cheapest first, each set up for the tensor's itemsize
-    (:meth:`Codec.for_itemsize`). Use it wherever a ``CodecSelector`` is expected:
-    ``auto(name, array)``.
+    (a fraction). ``candidates`` (default: lz4, blosc2 lz4 with byte and bit shuffle,
+    floatplanes for 2-, 4- and 8-byte elements on links under 200 MB/s, zstd level 1) are
+    tried cheapest first, each set up for the tensor's itemsize (:meth:`Codec.for_itemsize`).
+    Use it wherever a ``CodecSelector`` is expected: ``auto(name, array)``.
 
     Each stream (name, dtype, shape and an optional ``context`` such as the peer) is
     sampled on its first message and keeps its choice: re-weighed on the same sample when
@@ -262,15 +266,20 @@ class AutoCodec:
         # The sample is big enough (64 KiB) for a codec's fixed cost per call to be a
         # small part of its time: scaling that part too errs a little towards raw.
         scale = nbytes / sample.nbytes / max(1, min(get_threads(), nbytes // _PARALLEL_BLOCK))
-        best = raw.total_seconds
+        best = wire = raw.total_seconds
         for codec in self.candidates_for(array.itemsize):
+            if isinstance(codec, FloatPlanes) and bandwidth > FLOATPLANES_MAX_BANDWIDTH:
+                estimates.append(CodecEstimate(codec, 1.0, math.inf, wire, None, eligible=False))
+                continue
             trial = Trial(codec, sample, array.itemsize)
             ratio = trial.encoded_nbytes / sample.nbytes
             eligible = 1.0 - ratio >= self.min_saving
-            if eligible:  # its seconds count: time it again, keep the fastest
+            wire_seconds = ratio * nbytes / bandwidth
+            # Its seconds count unless its first run already loses on encode and wire time
+            # alone (a slow codec on a fast link): time it again then, keep the fastest.
+            if eligible and trial.encode_seconds * scale + wire_seconds < best:
                 trial.time_more(_TIMED_RUNS - 1)
             encode_seconds = trial.encode_seconds * scale
-            wire_seconds = ratio * nbytes / bandwidth
             decode_seconds = None
             if eligible and encode_seconds + wire_seconds < best:
                 decode_seconds = trial.decode_seconds(scratch, _TIMED_RUNS) * scale
@@ -313,4 +322,6 @@ def _check_bandwidth(bytes_per_second: float) -> float:
 def _default_candidates(itemsize: int) -> list[Codec]:
     # Cheapest first, so that later, slower ones are often ruled out on encode time alone.
     shuffled: list[Codec] = [Blosc2(cname="lz4", filter="shuffle")] if itemsize > 1 else []
-    return [LZ4(), *shuffled, Blosc2(cname="lz4", filter="bitshuffle"), Zstd(level=1)]
+    # Floats' (and their XOR deltas') exponent planes, entropy coded: the best ratio on weights.
+    planes: list[Codec] = [FloatPlanes()] if itemsize in (2, 4, 8) else []
+    return [LZ4(), *shuffled, Blosc2(cname="lz4", filter="bitshuffle"), *planes, Zstd(level=1)]

@@ -9,37 +9,37 @@ Blosc2 cannot take buffers of 2 GiB or more, so the input is cut into chunks of
 contiguous chunk format with its 32-byte extended header, whose ``nbytes`` must equal the
 block's raw size and ``cbytes`` the block's stored size; "uninitialised" special chunks
 are refused). Chunks are processed one after another, each by Blosc2's own threads.
+The blosc2 library is imported on first use (it takes a sizeable part of a second).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from types import ModuleType
 from typing import Any
-
-import blosc2
 
 from tensorwire.codecs.abc import check_choice, check_int
 from tensorwire.codecs.blocked import MAX_BLOCK_SIZE, BlockedCodec
 from tensorwire.codecs.threads import get_threads
 from tensorwire.errors import CodecDataError, DecompressedSizeMismatch
 
-CNAMES = {
-    "blosclz": blosc2.Codec.BLOSCLZ,
-    "lz4": blosc2.Codec.LZ4,
-    "lz4hc": blosc2.Codec.LZ4HC,
-    "zstd": blosc2.Codec.ZSTD,
-    "zlib": blosc2.Codec.ZLIB,
-}
-FILTERS = {
-    "none": blosc2.Filter.NOFILTER,
-    "shuffle": blosc2.Filter.SHUFFLE,
-    "bitshuffle": blosc2.Filter.BITSHUFFLE,
-}
+CNAMES = {"blosclz": "BLOSCLZ", "lz4": "LZ4", "lz4hc": "LZ4HC", "zstd": "ZSTD", "zlib": "ZLIB"}
+"""Compressor names of the configuration -> the members of ``blosc2.Codec``."""
+FILTERS = {"none": "NOFILTER", "shuffle": "SHUFFLE", "bitshuffle": "BITSHUFFLE"}
+"""Filter names of the configuration -> the members of ``blosc2.Filter``."""
 _MAX_TYPESIZE = 255
 _CHUNK_HEADER = 32  # BLOSC_EXTENDED_HEADER_LENGTH
 _BLOSC2_FLAGS = 31  # BLOSC2_CHUNK_BLOSC2_FLAGS: bits 4-6 say whether the chunk is "special"
 _SPECIAL_UNINIT = 4  # BLOSC2_SPECIAL_UNINIT; zero (1), NaN (2) and value (3) chunks are fine
 _THREADED_MIN = 1 << 20  # below this, starting Blosc2's threads costs more than they save
+
+
+@functools.cache
+def _blosc2() -> ModuleType:
+    import blosc2
+
+    return blosc2
 
 
 class Blosc2(BlockedCodec):
@@ -84,11 +84,12 @@ class Blosc2(BlockedCodec):
 
     def _compress_block(self, src: memoryview, itemsize: int) -> Any:
         typesize = self.typesize or (itemsize if itemsize <= _MAX_TYPESIZE else 1)
+        blosc2 = _blosc2()
         return blosc2.compress2(
             src,
-            codec=CNAMES[self.cname],
+            codec=getattr(blosc2.Codec, CNAMES[self.cname]),
             clevel=self.clevel,
-            filters=[FILTERS[self.filter]],
+            filters=[getattr(blosc2.Filter, FILTERS[self.filter])],
             typesize=typesize,
             nthreads=self._threads_for(len(src)),
         )
@@ -100,6 +101,7 @@ class Blosc2(BlockedCodec):
         if (src[_BLOSC2_FLAGS] >> 4) & 7 >= _SPECIAL_UNINIT:
             raise CodecDataError("a blosc2 chunk declares uninitialised or unknown contents")
         # python-blosc2 trusts the chunk header for the output size, so check it first.
+        blosc2 = _blosc2()
         nbytes, cbytes, _ = blosc2.get_cbuffer_sizes(src)
         if cbytes != len(src):
             raise CodecDataError(f"a blosc2 chunk declares {cbytes} bytes but has {len(src)}")
