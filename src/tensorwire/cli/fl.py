@@ -255,6 +255,7 @@ def run_cmd(
     server_lr: ServerLr = D.server_lr,
     trim: Trim = D.trim,
     clip_norm: ClipNorm = D.clip_norm,
+    join_timeout: JoinTimeout = D.join_timeout,
     round_timeout: RoundTimeout = D.round_timeout,
     out: Out = None,
     secure: Annotated[
@@ -264,11 +265,42 @@ def run_cmd(
             "per-device keys."
         ),
     ] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="What places the device processes: local (this machine), or ray (the nodes "
+            "of a Ray cluster; extra 'ray'). Devices join the server by URL either way."
+        ),
+    ] = "local",
+    devices_per_process: Annotated[
+        int, typer.Option(min=1, help="Devices a process holds, a thread each.")
+    ] = 1,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve here (an address every node reaches, e.g. tcp://10.0.0.1:0) instead "
+            "of a local URL of --protocol."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="The Ray cluster (HOST:PORT of its head); else $RAY_ADDRESS or one here."),
+    ] = None,
+    ray_nodes: Annotated[
+        int, typer.Option(min=1, help="Wait (--join-timeout s) for this many alive Ray nodes.")
+    ] = 1,
+    max_restarts: Annotated[
+        int, typer.Option(min=0, help="Times Ray restarts a device process that died.")
+    ] = 3,
 ) -> None:
-    """Run a server here and the devices as local processes, with a progress bar."""
+    """Run a server here and the devices as processes placed by an engine, with a progress
+    bar."""
     from tensorwire.bench.progress import progress_bar
+    from tensorwire.fl.engines import ENGINES, make_engine
     from tensorwire.fl.run import run_local
 
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"{engine!r}: choose {', '.join(ENGINES)}", param_hint="--engine")
     cfg = _config(locals())
     out = out or Path("results") / f"fl-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
     certs = None
@@ -277,10 +309,26 @@ def run_cmd(
 
         certs = out / "certs"
         make_certs(certs, hosts=["127.0.0.1", "localhost"], clients=_device_ids(cfg.clients))
+    placer = make_engine(
+        engine,
+        cfg,
+        devices_per_process=devices_per_process,
+        log_dir=out / "logs",
+        certs=certs,
+        ray_address=ray_address,
+        ray_nodes=ray_nodes,
+        max_restarts=max_restarts,
+    )
     with progress_bar() as bar:
         task = bar.add_task(f"{cfg.strategy} over {protocol}", total=cfg.rounds)
         result, path = run_local(
-            cfg, protocol, out_dir=out, on_round=lambda row: bar.advance(task), certs=certs
+            cfg,
+            protocol,
+            out_dir=out,
+            on_round=lambda row: bar.advance(task),
+            certs=certs,
+            engine=placer,
+            url=url,
         )
     _print_rounds(result.rounds)
     console.print(f"results: {path}")
@@ -409,15 +457,34 @@ def client_cmd(
         ),
     ] = None,
     certs: Certs = None,
+    count: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Devices this process holds, a thread each: ID, ID+1 ... (ID a number)."
+        ),
+    ] = 1,
 ) -> None:
-    """Join the server at URL as device ID and train until it says done."""
+    """Join the server at URL as device ID (or COUNT devices from ID) and train until it says
+    done."""
     from tensorwire.fl.client import run_client
+    from tensorwire.fl.engines import device_ids, run_devices
     from tensorwire.fl.task import model_factory
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    client_id = f"device-{id}" if id.isdigit() else id
-    factory = model_factory(model) if model is not None else None
-    rounds = run_client(
-        url, client_id, model=factory, timeout=timeout, threads=threads, certs=certs
+    if count == 1:  # one device: its error is this command's
+        client_id = f"device-{id}" if id.isdigit() else id
+        factory = model_factory(model) if model is not None else None
+        rounds = run_client(
+            url, client_id, model=factory, timeout=timeout, threads=threads, certs=certs
+        )
+        console.print(f"{client_id}: trained {rounds} rounds")
+        return
+    if not id.isdigit():
+        raise typer.BadParameter("--count needs a numeric --id (the first device)")
+    results = run_devices(
+        url, device_ids(int(id), count), timeout=timeout, threads=threads, certs=certs, model=model
     )
-    console.print(f"{client_id}: trained {rounds} rounds")
+    for cid, r in results.items():
+        console.print(f"{cid}: " + (f"failed: {r}" if isinstance(r, str) else f"trained {r} rounds"))
+    if any(isinstance(r, str) for r in results.values()):
+        raise typer.Exit(1)
