@@ -17,6 +17,7 @@ import click
 import typer
 
 from tensorwire.cli.console import console
+from tensorwire.cli.fl_scale import scale_cmd
 from tensorwire.cli.options import protocol_option
 from tensorwire.fl.config import (
     BUILTIN_DATASETS,
@@ -35,6 +36,7 @@ fl_app = typer.Typer(
     "updates, FedAvg / FedProx / FedAdam / FedYogi / median / trimmed mean, resume.",
     no_args_is_help=True,
 )
+fl_app.command("scale")(scale_cmd)
 
 D = FLConfig()  # the defaults
 SPLITS = ("equal", "iid", "dirichlet")
@@ -284,7 +286,9 @@ def run_cmd(
     ] = None,
     ray_address: Annotated[
         str | None,
-        typer.Option(help="The Ray cluster (HOST:PORT of its head); else $RAY_ADDRESS or one here."),
+        typer.Option(
+            help="The Ray cluster (HOST:PORT of its head); else $RAY_ADDRESS or one here."
+        ),
     ] = None,
     ray_nodes: Annotated[
         int, typer.Option(min=1, help="Wait (--join-timeout s) for this many alive Ray nodes.")
@@ -485,6 +489,8 @@ def client_cmd(
         url, device_ids(int(id), count), timeout=timeout, threads=threads, certs=certs, model=model
     )
     for cid, r in results.items():
-        console.print(f"{cid}: " + (f"failed: {r}" if isinstance(r, str) else f"trained {r} rounds"))
+        console.print(
+            f"{cid}: " + (f"failed: {r}" if isinstance(r, str) else f"trained {r} rounds")
+        )
     if any(isinstance(r, str) for r in results.values()):
         raise typer.Exit(1)

@@ -142,8 +142,9 @@ class Payload(nn.Module):
 
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
-    """``"vgg5"`` (582,346 parameters), ``"vgg8"`` (1,337,898), ``"resnet18"`` (11,173,962), ``"mlp"`` (49,338),
-    or ``"payload:<size>"`` (``payload:10MB``: a :class:`Payload` of 10,000,000 bytes)."""
+    """``"vgg5"`` (582,346 parameters), ``"vgg8"`` (1,337,898), ``"resnet18"`` (11,173,962),
+    ``"mlp"`` (49,338), or ``"payload:<size>"`` (``payload:10MB``: a :class:`Payload` of
+    10,000,000 bytes)."""
     size = payload_bytes(name)
     if size is not None:
         return Payload(size, num_classes)

@@ -53,9 +53,7 @@ class LocalEngine:
             if self.log_dir:
                 sink = (self.log_dir / f"device-{first}.log").open("wb")
             try:
-                self.procs.append(
-                    subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-                )
+                self.procs.append(subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT))
             finally:
                 if sink is not subprocess.DEVNULL:
                     sink.close()  # the child holds its own copy

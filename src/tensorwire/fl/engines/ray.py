@@ -38,9 +38,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise MissingDependency(
-            "the ray engine needs Ray: pip install 'tensorwire[ray]'"
-        ) from None
+        raise MissingDependency("the ray engine needs Ray: pip install 'tensorwire[ray]'") from None
     return ray
 
 
@@ -227,7 +225,8 @@ class RayEngine:
     def placements(self) -> dict[str, Any]:
         with self._lock:
             devices = {
-                cid: list(seen) for (ids, _), seen in zip(self._actors, self._seen, strict=True)
+                cid: list(seen)
+                for (ids, _), seen in zip(self._actors, self._seen, strict=True)
                 for cid in ids
             }
         return {
