@@ -59,6 +59,7 @@ def _ray_env() -> dict[str, str]:
         "RAY_health_check_period_ms": "1000",
         "RAY_health_check_timeout_ms": "1000",
         "RAY_health_check_failure_threshold": "3",
+        "RAY_raylet_start_wait_time_s": "300",  # a loaded 2-core machine starts nodes slowly
     }
 
 
@@ -207,21 +208,16 @@ def test_devices_run_on_both_nodes_and_train_as_without_ray(cluster, tmp_path):
 
 
 def _actor_pids(cluster: Cluster) -> list[int]:
-    """The device processes (Ray actors) running on the second node."""
+    """The device processes (Ray actors) running on the second node (in its namespace)."""
+    netns = os.readlink(f"/proc/{cluster.worker.pid}/ns/net")
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                title = (entry / "cmdline").read_bytes().split(b"\0")[0]
-                if title.startswith(b"ray::DeviceHost") and _session(int(entry.name)) == (
-                    cluster.worker.pid
-                ):
+                title = (entry / "cmdline").read_bytes()[:64]
+                if b"DeviceHost" in title and os.readlink(entry / "ns" / "net") == netns:
                     pids.append(int(entry.name))
     return pids
-
-
-def _session(pid: int) -> int:
-    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[3])
 
 
 def _wait_rounds(out: Path, n: int, proc: subprocess.Popen) -> None:
