@@ -220,6 +220,17 @@ def _actor_pids(cluster: Cluster) -> list[int]:
     return pids
 
 
+def _titles(cluster: Cluster) -> list[str]:
+    """What runs in the second node's namespace (to say why no device process was found)."""
+    netns = os.readlink(f"/proc/{cluster.worker.pid}/ns/net")
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and os.readlink(entry / "ns" / "net") == netns:
+                found.append((entry / "cmdline").read_bytes()[:48].decode(errors="replace"))
+    return found
+
+
 def _wait_rounds(out: Path, n: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:  # polled: rounds land on disk
@@ -238,7 +249,7 @@ def test_a_killed_device_process_is_restarted_by_ray_and_rejoins(cluster, tmp_pa
     proc = _fl_run(cluster, cfg, out, "--max-restarts", "2")
     _wait_rounds(out, 1, proc)
     victims = _actor_pids(cluster)
-    assert victims, "no device process found on the second node"
+    assert victims, f"no device process on the second node: {_titles(cluster)}"
     os.kill(victims[0], signal.SIGKILL)
     manifest = _finish(proc, out)
     runs = {cid: r for cid, r in manifest["placement"]["devices"].items() if len(r) > 1}
