@@ -130,8 +130,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             yield c
         finally:
             stop_all([p for p in (worker, head) if p is not None])
-    left = _ray_processes(temp)
-    shutil.rmtree(temp, ignore_errors=True)
+            left = _ray_processes(temp)
+            shutil.rmtree(temp, ignore_errors=True)
     assert not left, "Ray processes of this cluster outlived it"
 
 
