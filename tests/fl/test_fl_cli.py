@@ -50,7 +50,7 @@ def test_defaults_come_from_the_config(command):
     [
         (
             ["--model", "vgg11"],
-            "choose vgg5, vgg8, resnet18, payload:<size> (e.g. payload:10MB), or "
+            "choose vgg5, vgg8, resnet18, mlp, payload:<size> (e.g. payload:10MB), or "
             "package.module:function",
         ),
         (["--model", "no_such_module_here:make"], "cannot import 'no_such_module_here'"),

@@ -6,7 +6,6 @@ torch), so the commands, the library and ``bench fl`` cannot drift apart.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import fields
@@ -17,8 +16,10 @@ import click
 import typer
 
 from tensorwire.cli.console import console
+from tensorwire.cli.fl_scale import scale_cmd
 from tensorwire.cli.interrupts import interrupted_run, resumed_run
 from tensorwire.cli.options import protocol_option
+from tensorwire.cli.progress_file import ProgressFile
 from tensorwire.fl.config import (
     BUILTIN_DATASETS,
     BUILTIN_MODELS,
@@ -37,6 +38,7 @@ fl_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
+fl_app.command("scale")(scale_cmd)
 
 D = FLConfig()  # the defaults
 SPLITS = ("equal", "iid", "dirichlet")
@@ -141,43 +143,6 @@ Certs = Annotated[
         "ID.secret)."
     ),
 ]
-ACK_POLL = 0.002  # seconds between looks at the progress acknowledgement file
-
-
-class ProgressFile:
-    """Events of a server run appended to a file as JSON lines, for a watching process:
-    ``ready`` (with the hub's URL), one ``round`` per round (its row), ``done``.
-
-    With ``wait_ack`` > 0, after each round the server waits up to that many seconds until
-    ``FILE.ack`` holds the round's number, so the watcher can read counters between rounds.
-    ``append`` (a resumed run) keeps the lines already there."""
-
-    def __init__(self, path: Path, wait_ack: float = 0.0, append: bool = False) -> None:
-        self.path = path
-        self.ack = path.with_name(path.name + ".ack")
-        self.wait_ack = wait_ack
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not append:
-            path.write_text("")
-            self.ack.unlink(missing_ok=True)  # an old run's ack would release this one's rounds
-
-    def write(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, "time": time.time(), **fields}, default=str)
-        with self.path.open("a") as f:
-            f.write(line + "\n")
-
-    def round(self, row: dict[str, Any]) -> None:
-        self.write("round", **row)
-        deadline = time.monotonic() + self.wait_ack
-        # Polled: the watcher answers through a file, the one channel both sides share.
-        while time.monotonic() < deadline and not self._acked(row["round"]):
-            time.sleep(ACK_POLL)
-
-    def _acked(self, round_: int) -> bool:
-        try:
-            return int(self.ack.read_text() or 0) >= round_
-        except (OSError, ValueError):
-            return False
 
 
 def _config(options: dict[str, Any], base: dict[str, Any] | None = None) -> FLConfig:
@@ -257,6 +222,7 @@ def run_cmd(
     server_lr: ServerLr = D.server_lr,
     trim: Trim = D.trim,
     clip_norm: ClipNorm = D.clip_norm,
+    join_timeout: JoinTimeout = D.join_timeout,
     round_timeout: RoundTimeout = D.round_timeout,
     out: Out = None,
     secure: Annotated[
@@ -273,11 +239,44 @@ def run_cmd(
             "checkpoint (its settings, protocol and certificates)."
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="What places the device processes: local (this machine), or ray (the nodes "
+            "of a Ray cluster; extra 'ray'). Devices join the server by URL either way."
+        ),
+    ] = "local",
+    devices_per_process: Annotated[
+        int, typer.Option(min=1, help="Devices a process holds, a thread each.")
+    ] = 1,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve here (an address every node reaches, e.g. tcp://10.0.0.1:0) instead "
+            "of a local URL of --protocol."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="The Ray cluster (HOST:PORT of its head); else $RAY_ADDRESS or one here."
+        ),
+    ] = None,
+    ray_nodes: Annotated[
+        int, typer.Option(min=1, help="Wait (--join-timeout s) for this many alive Ray nodes.")
+    ] = 1,
+    max_restarts: Annotated[
+        int, typer.Option(min=0, help="Times Ray restarts a device process that died.")
+    ] = 3,
 ) -> None:
-    """Run a server here and the devices as local processes, with a progress bar."""
+    """Run a server here and the devices as processes placed by an engine, with a progress
+    bar."""
     from tensorwire.bench.progress import progress_bar
+    from tensorwire.fl.engines import ENGINES, make_engine
     from tensorwire.fl.run import run_local
 
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"{engine!r}: choose {', '.join(ENGINES)}", param_hint="--engine")
     if resume is not None:
         cfg, protocol, certs = resumed_run(resume)
         out = resume
@@ -290,6 +289,16 @@ def run_cmd(
 
         certs = out / "certs"
         make_certs(certs, hosts=["127.0.0.1", "localhost"], clients=_device_ids(cfg.clients))
+    placer = make_engine(
+        engine,
+        cfg,
+        devices_per_process=devices_per_process,
+        log_dir=out / "logs",
+        certs=certs,
+        ray_address=ray_address,
+        ray_nodes=ray_nodes,
+        max_restarts=max_restarts,
+    )
     done = [0]
 
     def on_round(row: dict[str, Any]) -> None:
@@ -299,7 +308,14 @@ def run_cmd(
     with progress_bar() as bar, interrupted_run("fl run", out, done, cfg.rounds):
         task = bar.add_task(f"{cfg.strategy} over {protocol}", total=cfg.rounds)
         result, path = run_local(
-            cfg, protocol, out_dir=out, on_round=on_round, certs=certs, resume=resume
+            cfg,
+            protocol,
+            out_dir=out,
+            on_round=on_round,
+            certs=certs,
+            resume=resume,
+            engine=placer,
+            url=url,
         )
     _print_rounds(result.rounds)
     console.print(f"results: {path}")
@@ -436,15 +452,36 @@ def client_cmd(
         ),
     ] = None,
     certs: Certs = None,
+    count: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Devices this process holds, a thread each: ID, ID+1 ... (ID a number)."
+        ),
+    ] = 1,
 ) -> None:
-    """Join the server at URL as device ID and train until it says done."""
+    """Join the server at URL as device ID (or COUNT devices from ID) and train until it says
+    done."""
     from tensorwire.fl.client import run_client
+    from tensorwire.fl.engines import device_ids, run_devices
     from tensorwire.fl.task import model_factory
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    client_id = f"device-{id}" if id.isdigit() else id
-    factory = model_factory(model) if model is not None else None
-    rounds = run_client(
-        url, client_id, model=factory, timeout=timeout, threads=threads, certs=certs
+    if count == 1:  # one device: its error is this command's
+        client_id = f"device-{id}" if id.isdigit() else id
+        factory = model_factory(model) if model is not None else None
+        rounds = run_client(
+            url, client_id, model=factory, timeout=timeout, threads=threads, certs=certs
+        )
+        console.print(f"{client_id}: trained {rounds} rounds")
+        return
+    if not id.isdigit():
+        raise typer.BadParameter("--count needs a numeric --id (the first device)")
+    results = run_devices(
+        url, device_ids(int(id), count), timeout=timeout, threads=threads, certs=certs, model=model
     )
-    console.print(f"{client_id}: trained {rounds} rounds")
+    for cid, r in results.items():
+        console.print(
+            f"{cid}: " + (f"failed: {r}" if isinstance(r, str) else f"trained {r} rounds")
+        )
+    if any(isinstance(r, str) for r in results.values()):
+        raise typer.Exit(1)

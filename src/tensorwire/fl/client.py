@@ -111,7 +111,7 @@ class FLDevice:
             )
         if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < cfg.clients:
             raise FLError(f"the server gave no valid data shard ({shard!r}) for {cfg.dataset}")
-        data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed)
+        data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed, clients=cfg.clients)
         shards = split_indices(data.train_y, cfg.clients, cfg.split, alpha=cfg.alpha, seed=cfg.seed)
         return ArrayData(data.train_x[shards[shard]], data.train_y[shards[shard]])
 

@@ -10,7 +10,7 @@ UPLINK_COMPRESSORS = ("none", "fp16", "bf16", "int8", "qsgd", "topk", "randomk",
 DOWNLINK_MODES = ("none", "fp16", "delta")
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedyogi", "median", "trimmed-mean")
 LATE_POLICIES = ("discard", "stale")
-BUILTIN_MODELS = ("vgg5", "vgg8", "resnet18")
+BUILTIN_MODELS = ("vgg5", "vgg8", "resnet18", "mlp")
 # Synthetic updates of a given size, no training: ``payload:10MB`` (B, KB, MB, GB; 1000-based).
 _PAYLOAD = re.compile(r"^payload:(\d+(?:\.\d+)?)(B|KB|MB|GB)$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 1_000, "MB": 1_000_000, "GB": 1_000_000_000}

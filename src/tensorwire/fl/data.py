@@ -4,12 +4,18 @@
   package, so it works offline), upsampled to 32x32 and repeated over 3 channels: the default.
 - ``cifar10``: read from a local directory (``cifar-10-batches-py``, as torchvision lays it
   out, or ``cifar-10-batches-bin``); tensorwire never downloads anything.
-- ``synthetic``: class-conditional noise, for tests.
+- ``synthetic``: class-conditional noise, for tests and runs of many devices (at least
+  :data:`SYNTHETIC_PER_DEVICE` training samples per device).
+
+A process loads a data set once for all the devices it holds (:func:`load_dataset` keeps the
+last few): treat what it returns as read-only.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +25,9 @@ from tensorwire.errors import TensorwireError
 
 DATASETS = ("digits", "cifar10", "synthetic")
 SPLITS = ("equal", "iid", "dirichlet")
+SYNTHETIC_TRAIN = 400  # the synthetic data set's training samples, for up to 50 devices
+SYNTHETIC_PER_DEVICE = 8  # ... and at least this many per device beyond that
+_LOADING = threading.Lock()  # one load at a time: a thousand devices must not load it each
 
 
 class DataNotFound(TensorwireError, FileNotFoundError):
@@ -101,12 +110,23 @@ def load_cifar10_dataset(root: str | Path | None = None) -> Dataset:
     return Dataset("cifar10", tr, tr_y, te, te_y)
 
 
-def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) -> Dataset:
-    """One of :data:`DATASETS`."""
+def load_dataset(
+    name: str, *, root: str | Path | None = None, seed: int = 0, clients: int = 1
+) -> Dataset:
+    """One of :data:`DATASETS` (``clients``: how many devices share it; the synthetic one
+    grows to give each at least :data:`SYNTHETIC_PER_DEVICE` samples). The same arguments
+    give the same object, loaded once per process."""
+    with _LOADING:
+        return _load(name, None if root is None else str(root), seed, clients)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(name: str, root: str | None, seed: int, clients: int) -> Dataset:
     if name == "digits":
         return load_digits_dataset(seed)
     if name == "synthetic":
-        return load_synthetic_dataset(seed=seed)
+        n_train = max(SYNTHETIC_TRAIN, SYNTHETIC_PER_DEVICE * clients)
+        return load_synthetic_dataset(n_train=n_train, seed=seed)
     if name == "cifar10":
         return load_cifar10_dataset(root)
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

@@ -32,3 +32,7 @@ class UpdateRejected(FLError):
 
 class CheckpointError(FLError):
     """A run directory holds no usable checkpoint, or one that does not fit the run."""
+
+
+class EngineError(FLError):
+    """An engine could not place the devices: no cluster at the address, too few nodes."""

@@ -1,7 +1,8 @@
 """The built-in models: VGG-5 and VGG-8 exactly as FedComm defines them (3x3 convs with
 padding 1, BatchNorm, ReLU), ResNet-18 in its CIFAR variant (3x3 stem, no max-pool; 11.2 M
-parameters, 45 MB), and ``payload:<size>``: synthetic updates of that size for measuring
-communication without training."""
+parameters, 45 MB), ``mlp`` (a small one, for runs of a thousand devices), and
+``payload:<size>``: synthetic updates of that size for measuring communication without
+training."""
 
 from __future__ import annotations
 
@@ -92,6 +93,27 @@ class ResNet18(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+MLP_HIDDEN = 16  # the hidden units of ``mlp``: 49,338 parameters, 197 KB
+
+
+class MLP(nn.Module):
+    """The smallest built-in model: 3x32x32 flattened, one hidden layer of
+    :data:`MLP_HIDDEN` ReLU units, ``num_classes`` outputs; for runs of many devices, where
+    every device process holds a model per device."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(3 * 32 * 32, MLP_HIDDEN),
+            nn.ReLU(inplace=True),
+            nn.Linear(MLP_HIDDEN, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 PAYLOAD_TENSOR = 1 << 21  # the most elements one payload tensor holds (8 MB of float32)
 
 
@@ -121,12 +143,15 @@ class Payload(nn.Module):
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
     """``"vgg5"`` (582,346 parameters), ``"vgg8"`` (1,337,898), ``"resnet18"`` (11,173,962),
-    or ``"payload:<size>"`` (``payload:10MB``: a :class:`Payload` of 10,000,000 bytes)."""
+    ``"mlp"`` (49,338), or ``"payload:<size>"`` (``payload:10MB``: a :class:`Payload` of
+    10,000,000 bytes)."""
     size = payload_bytes(name)
     if size is not None:
         return Payload(size, num_classes)
     if name.lower() == "resnet18":
         return ResNet18(num_classes)
+    if name.lower() == "mlp":
+        return MLP(num_classes)
     try:
         layout = VGG_LAYOUTS[name.lower()]
     except KeyError:

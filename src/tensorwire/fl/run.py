@@ -1,14 +1,17 @@
-"""``tensorwire fl run``: a server here and N device processes on this machine, one URL."""
+"""``tensorwire fl run``: a server here and N devices, placed by an engine (processes on this
+machine, or on a Ray cluster's nodes), one URL."""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tensorwire.fl.config import FLConfig, is_factory_ref
+from tensorwire.fl.engines import DeviceEngine
 from tensorwire.fl.records import RunResult
 from tensorwire.fl.server import run_server
 from tensorwire.transports import local_hub_url
@@ -20,11 +23,14 @@ def device_command(
     timeout: float,
     certs: Path | None = None,
     model: str | None = None,
+    count: int = 1,
 ) -> list[str]:
     """The command line of one device process (``model``: a ``package.module:function`` the
-    device builds its model with, as the server does)."""
+    device builds its model with, as the server does; ``count``: devices it holds, numbered
+    from ``device``)."""
     secured = ["--certs", str(certs)] if certs else []
     own_model = ["--model", model] if model and is_factory_ref(model) else []
+    many = ["--count", str(count)] if count > 1 else []
     return [
         sys.executable,
         "-m",
@@ -39,6 +45,7 @@ def device_command(
         str(timeout),
         *secured,
         *own_model,
+        *many,
     ]
 
 
@@ -51,58 +58,50 @@ def run_local(
     log_dir: Path | None = None,
     certs: Path | None = None,
     resume: Path | None = None,
+    engine: DeviceEngine | None = None,
+    url: str | None = None,
 ) -> tuple[RunResult, Path | None]:
-    """Run the server in this process and ``cfg.clients`` devices as subprocesses.
+    """Run the server in this process and ``cfg.clients`` devices placed by ``engine``
+    (default: a process each on this machine).
 
-    Results go into ``out_dir`` as rounds finish (with checkpoints). Device output goes to
-    ``log_dir/device-N.log`` (default: ``out_dir/logs``). Devices are stopped, whatever
-    happens. ``certs``: run secured with the files of ``tensorwire certs`` there (the devices
-    are ``device-1`` ...). ``resume``: go on from that results directory's last checkpoint
-    (``out_dir`` should be the same directory). Returns the result and the results directory
-    (if ``out_dir``).
-    """
-    procs: list[subprocess.Popen[bytes]] = []
+    ``url``: serve there (e.g. an address the engine's nodes reach) instead of a local URL
+    of ``protocol``. Results go into ``out_dir`` as rounds finish (with checkpoints), with
+    where each device ran in its manifest. Device output goes to ``log_dir/device-N.log``
+    (default: ``out_dir/logs``). Devices are stopped, whatever happens. ``certs``: run
+    secured with the files of ``tensorwire certs`` there (the devices are ``device-1`` ...).
+    ``resume``: go on from that results directory's last checkpoint (``out_dir`` should be
+    the same directory). Returns the result and the results directory (if ``out_dir``)."""
+    from tensorwire.fl.engines.local import LocalEngine
+
     logs = log_dir or (out_dir / "logs" if out_dir else None)
-    if logs:
-        logs.mkdir(parents=True, exist_ok=True)
-
-    def spawn(hub_url: str) -> None:
-        timeout = max(cfg.round_timeout, cfg.join_timeout)
-        for i in range(1, cfg.clients + 1):
-            sink = (logs / f"device-{i}.log").open("wb") if logs else subprocess.DEVNULL
-            procs.append(
-                subprocess.Popen(
-                    device_command(hub_url, i, timeout, certs, cfg.model),
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-
+    engine = engine or LocalEngine(cfg, log_dir=logs, certs=certs)
     started = time.time()
     try:
-        with local_hub_url(protocol, devices=cfg.clients) as url:
+        with _serving_url(protocol, url, cfg.clients) as where:
             result = run_server(
-                url,
+                where,
                 cfg,
                 on_round=on_round,
-                on_ready=spawn,
+                on_ready=engine.start,
                 certs=certs,
                 out_dir=out_dir,
                 resume=resume,
             )
     finally:
-        deadline = time.monotonic() + 30
-        for p in procs:
-            try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        engine.stop()
     if out_dir is None:
         return result, None
     from tensorwire.fl.results import RunDirectory
 
-    RunDirectory(out_dir).finish(
-        result, {"protocol": protocol, "seconds": time.time() - started, "secured": bool(certs)}
-    )
+    extra = {"protocol": protocol, "seconds": time.time() - started, "secured": bool(certs)}
+    RunDirectory(out_dir).finish(result, extra | {"placement": engine.placements()})
     return result, out_dir
+
+
+@contextlib.contextmanager
+def _serving_url(protocol: str, url: str | None, devices: int) -> Iterator[str]:
+    if url is not None:
+        yield url
+        return
+    with local_hub_url(protocol, devices=devices) as here:
+        yield here

@@ -25,7 +25,7 @@ class ServerTask:
 
 def builtin_task(cfg: FLConfig, factory: ModelFactory | None = None) -> ServerTask:
     """The task of a built-in data set (``cfg.dataset``), split in ``cfg.clients`` shards."""
-    data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed)
+    data = load_dataset(cfg.dataset, root=cfg.data_root, seed=cfg.seed, clients=cfg.clients)
     shards = split_indices(data.train_y, cfg.clients, cfg.split, alpha=cfg.alpha, seed=cfg.seed)
     return ServerTask(
         factory=factory or model_factory(cfg.model, data.num_classes),
