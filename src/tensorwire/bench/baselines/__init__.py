@@ -22,6 +22,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
+
 class BaselineUnavailable(RuntimeError):
     """A baseline that cannot run on this machine; the message says why and what would fix it."""
 

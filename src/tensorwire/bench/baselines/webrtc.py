@@ -85,7 +85,7 @@ class Sender:
                     f"its peers must run in the testbed's network namespaces: {exc}"
                 ) from exc
             self._file = self._stack.enter_context(
-                tempfile.NamedTemporaryFile(prefix="tw-webrtc-", dir=_shm_dir())
+                tempfile.NamedTemporaryFile(prefix="tw-webrtc-", dir=_shm_dir())  # noqa: SIM115
             )
             self._sender = JsonPipe(self._start("srv", "offer"), "sending")
             self._receiver = JsonPipe(self._start("dev1", "answer"), "receiving")
@@ -137,7 +137,7 @@ class Sender:
         self._receiver.close()
         for pipe in (self._sender, self._receiver):
             with contextlib.suppress(subprocess.TimeoutExpired):
-                pipe.proc.wait(timeout=10)
+                pipe.proc.wait(timeout=5)
 
     def close(self) -> None:
         self._stack.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -48,10 +49,8 @@ class JsonPipe:
     def close(self) -> None:
         """Close the peer's stdin: its end-of-file tells it to finish."""
         if not self._stdin.closed:
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 self._stdin.close()
-            except BrokenPipeError:
-                pass
 
     def _line(self, deadline: float) -> bytes:
         while b"\n" not in self._pending:
