@@ -34,7 +34,7 @@ from tensorwire.bench.baselines import BaselineUnavailable
 NAME = "aiortc-webrtc"
 SETUP_TIMEOUT = 90.0  # seconds for a peer to start, gather and say its description
 OPEN_TIMEOUT = 90.0  # seconds for ICE, DTLS and SCTP to open the channel
-SLOWEST_BYTES_PER_S = 1e6  # an array's transfer deadline assumes at least this speed
+SLOWEST_BYTES_PER_S = 1e5  # an array's transfer deadline assumes at least this speed
 _CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) \d+ typ (\S+)", re.MULTILINE)
 
 

@@ -141,6 +141,7 @@ async def offer() -> None:
     channel.on("open", opened.set)
     channel.on("bufferedamountlow", drained.set)
     channel.on("message", acks.put_nowait)
+    channel.on("close", lambda: acks.put_nowait(""))  # no ack will come: say so, not wait
     try:
         await pc.setLocalDescription(await pc.createOffer())  # gathers the host candidates
         _say({"offer": pc.localDescription.sdp})
@@ -159,6 +160,9 @@ async def offer() -> None:
             else:
                 await send_array(channel, buf, chunk, bool(cmd["go"]), drained)
                 ack = await acks.get()
+                if ack == "":
+                    _say({"error": "the data channel closed before the receiver acked"})
+                    return
                 if not isinstance(ack, bytes) or not ack.startswith(ACK):
                     raise ChannelProtocolError(f"the receiver acked with {ack!r}")
                 _say({"done": ack[len(ACK) :].hex() or None})

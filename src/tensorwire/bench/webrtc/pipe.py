@@ -38,11 +38,14 @@ class JsonPipe:
             raise PeerPipeError(f"the {self.name} peer is gone ({self._ended()})") from exc
 
     def expect(self, key: str, timeout: float) -> Any:
-        """The value of ``key`` in the peer's next line, which must have it; waits at most
-        ``timeout`` seconds."""
+        """The value of ``key`` in the peer's next line, which must have it (a line with
+        ``error`` instead says why the peer gave up); waits at most ``timeout`` seconds."""
         line = self._line(time.monotonic() + timeout)
         try:
-            return json.loads(line)[key]
+            said = json.loads(line)
+            if key not in said and "error" in said:
+                raise PeerPipeError(f"the {self.name} peer failed: {said['error']}")
+            return said[key]
         except (ValueError, KeyError, TypeError):
             raise PeerPipeError(f"the {self.name} peer said {line[:200]!r}, not {key}") from None
 
