@@ -69,10 +69,15 @@ class TransferTrial:
 _CPUS = sorted(os.sched_getaffinity(0))
 
 
+def peer_argv(*args: str) -> list[str]:
+    """The argv of a receiver process (``tensorwire.bench.peer``), on the last CPU when 2+."""
+    pin = ["--cpu", str(_CPUS[-1])] if len(_CPUS) > 1 else []
+    return [sys.executable, "-m", "tensorwire.bench.peer", *pin, *args]
+
+
 def spawn_peer(*args: str) -> subprocess.Popen[bytes]:
     """Start a receiver process (``tensorwire.bench.peer``), on the last CPU when there are 2+."""
-    pin = ["--cpu", str(_CPUS[-1])] if len(_CPUS) > 1 else []
-    return subprocess.Popen([sys.executable, "-m", "tensorwire.bench.peer", *pin, *args])
+    return subprocess.Popen(peer_argv(*args))
 
 
 @contextlib.contextmanager
@@ -113,9 +118,14 @@ class TransferRig:
 
     def _add_baseline(self, module: str) -> None:
         mod = baselines.load(module)
-        sender = mod.Sender()
+        try:
+            sender = mod.Sender()
+        except baselines.BaselineUnavailable as exc:
+            print(f"{mod.NAME}: skipped: {exc}", file=sys.stderr)
+            return
         self._stack.callback(sender.close)
-        self._procs.append(spawn_peer("baseline", module, *sender.receiver_args))
+        if sender.receiver_args is not None:  # else the sender placed its receiver itself
+            self._procs.append(spawn_peer("baseline", module, *sender.receiver_args))
         self.trials.append(TransferTrial(mod.NAME, sender.once))
 
     def _add_transport(self, transport: str, codec: Any, certs: Path | None = None) -> None:

@@ -9,6 +9,11 @@ A baseline is a module here with:
 - ``receive(args)``: the receiver process's loop (``python -m tensorwire.bench.peer
   baseline MODULE ARGS...``): receive each array into a reused buffer, ack it, return when
   the sender goes away.
+
+A sender whose receiver cannot be an ordinary process on this host (WebRTC's, whose peers
+need the testbed's namespaces) places it itself and has ``receiver_args = None``; one that
+cannot run here raises :class:`BaselineUnavailable` saying why, and the benchmark goes on
+without it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
+
+
+class BaselineUnavailable(RuntimeError):
+    """A baseline that cannot run on this machine; the message says why and what would fix it."""
+
 
 MODULES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
 """Every baseline module here, by module name."""
