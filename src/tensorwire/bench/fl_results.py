@@ -44,6 +44,7 @@ DIMENSIONS = [
     "loss",
     "stress",
     "codec",
+    "lossless",
     "epochs",
     "security",
 ]
@@ -165,6 +166,7 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
         "epochs": exp.get("epochs", 1),
         "security": exp.get("security", "none"),
         "codec": codec_label(exp["uplink"], exp["ratio"], exp.get("downlink", "none")),
+        "lossless": exp.get("codec", "none"),  # none: recorded before it was an axis
         "rep": exp["rep"],
         "clients": exp["clients"],
         "dataset": exp["dataset"],

@@ -79,6 +79,15 @@ def bench_fl_cmd(
             "global model, zstd; lossless, and small after a sparse uplink). Default: none."
         ),
     ] = None,
+    codec: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated lossless codecs of the model and the updates (where --uplink "
+            "/ --downlink are not lossy): auto (each tensor raw or compressed, whichever the "
+            "measured link carries faster; the FL default), none, or codec ids such as lz4, "
+            "zstd, blosc2. Default: auto."
+        ),
+    ] = None,
     security: Annotated[
         str | None,
         typer.Option(
@@ -193,6 +202,7 @@ def bench_fl_cmd(
             "stresses": tuple(split_list(stress)) if stress else None,
             "uplinks": tuple(split_list(uplink)) if uplink else None,
             "downlinks": tuple(split_list(downlink)) if downlink else None,
+            "codecs": tuple(split_list(codec)) if codec else None,
             "securities": tuple(split_list(security)) if security else None,
             "topologies": tuple(split_list(topology)) if topology else None,
             "links": tuple(parse_links(each) for each in links) if links else None,
