@@ -63,8 +63,10 @@ def test_downlink_and_epochs_name_the_experiment_only_where_not_the_defaults():
         exp.key
         == "tcp_vgg5_4g_loss0_stress-none_up-topk0.01_down-delta_5ep_digits_4dev_3rounds_rep0"
     )
-    assert exp.codec_label == "topk 1% / down delta"
-    assert Experiment("tcp").codec_label == "none"
+    assert exp.codec_label == "topk 1% / down delta"  # no lossless codec used: none shown
+    assert Experiment("tcp").codec_label == "auto"
+    assert Experiment("tcp", codec="none").codec_label == "none"
+    assert Experiment("tcp", uplink="topk", codec="lz4").codec_label == "topk 1% + lz4"
     with pytest.raises(ValueError, match="downlink 'xor'"):
         Experiment("tcp", downlink="xor")
     with pytest.raises(ValueError, match="epochs"):

@@ -35,11 +35,15 @@ SEQUENTIAL = {"tcp-sequential": "tcp"}
 MIXED = "mixed"  # the profile of a star whose devices each have their own link
 
 
-def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
-    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``, and
-    the downlink mode where it is not none: ``topk 1% / down delta``."""
+def codec_label(uplink: str, ratio: float, downlink: str = "none", lossless: str = "none") -> str:
+    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``, the
+    downlink mode where it is not none (``topk 1% / down delta``), and the lossless codec
+    where one is used: ``auto`` alone, ``topk 1% + auto`` beside a lossy one."""
     label = f"{uplink} {ratio * 100:g}%" if uplink in RATIO_CODECS else uplink
-    return label if downlink == "none" else f"{label} / down {downlink}"
+    label = label if downlink == "none" else f"{label} / down {downlink}"
+    if lossless == "none":
+        return label
+    return lossless if label == "none" else f"{label} + {lossless}"
 
 
 def registered_protocols() -> list[str]:
@@ -170,9 +174,9 @@ class Experiment:
 
     @property
     def codec_label(self) -> str:
-        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``, and the
-        downlink mode where it is not none."""
-        return codec_label(self.uplink, self.ratio, self.downlink)
+        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``, the
+        downlink mode where it is not none, and the lossless codec where one is used."""
+        return codec_label(self.uplink, self.ratio, self.downlink, self.codec)
 
     @property
     def key(self) -> str:
