@@ -51,7 +51,7 @@ def test_the_lossless_codec_is_an_axis_auto_by_default_and_old_runs_read_as_raw(
     recorded = raw.to_config()
     del recorded["codec"]
     assert Experiment.from_config(recorded).key == raw.key  # an old run resumes, not redone
-    with pytest.raises(ValueError, match="codec 'zip': choose one of none, auto, .*lz4"):
+    with pytest.raises(ValueError, match=r"codec 'zip': choose one of none, auto, .*lz4"):
         Experiment("tcp", codec="zip")
     # lossy both ways: no lossless codec is used, so it is not a setting of its own
     assert Experiment("tcp", uplink="fp16", downlink="fp16", codec="lz4").codec == "none"

@@ -89,9 +89,7 @@ def experiment(tmp_path):
     for r in (1, 2):
         transfers += [
             _transfer(r, "server", "send", "downlink", "device-1", 10**6, encode_s=0.1),
-            _transfer(
-                r, "device", "recv", "downlink", "device-1", 10**6, decode_s=0.2, wire_s=1.0
-            ),
+            _transfer(r, "device", "recv", "downlink", "device-1", 10**6, decode_s=0.2, wire_s=1.0),
             _transfer(r, "device", "send", "uplink", "device-1", 10**6, encode_s=0.05),
             _transfer(r, "server", "recv", "uplink", "device-1", 10**6, wire_s=1.9),
         ]

@@ -230,9 +230,7 @@ def render(
     if "experiment" in single:
         title += f" — experiment {single.get('key', '')}"
     settings = "".join(
-        f"<p>{html.escape(run)}: "
-        f"<code>{html.escape(json.dumps(shown_settings(doc)))}</code>"
-        "</p>"
+        f"<p>{html.escape(run)}: <code>{html.escape(json.dumps(shown_settings(doc)))}</code></p>"
         for run, doc in manifests.items()
     )
     return f"""<!DOCTYPE html>

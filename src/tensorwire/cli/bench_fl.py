@@ -301,7 +301,9 @@ def _announce(matrix: Matrix, ask: bool) -> None:
     seconds = estimate_seconds(dataclasses.replace(matrix, protocols=kept)) if kept else 0.0
     busy = load_factor()
     seconds *= busy
-    how = "a rough estimate" + (f", {busy:.1f}x for the other jobs sharing the CPUs" if busy > 1.05 else "")
+    how = "a rough estimate" + (
+        f", {busy:.1f}x for the other jobs sharing the CPUs" if busy > 1.05 else ""
+    )
     caps = probe_capabilities()
     if caps.mode is None:
         why = "; ".join(caps[n].reason for n in ("root", "userns", "netns") if n in caps.items)

@@ -4,9 +4,10 @@ Uplink: a lossy compressor (with error feedback where it is biased) on the devic
 else the run's lossless ``codec`` (``auto`` by default: each tensor raw or compressed,
 whichever the link, as measured by the sends so far, carries faster).
 Downlink: the global model with the lossless ``codec``, cast to fp16, or ``delta``: each
-entry's bits XOR those of the previous round's global model, then zstd. The XOR is exact for every dtype (no float
-rounding between the server's model and the devices' copies) and is zero wherever a weight
-did not change, so after a sparse uplink (top-k) the downlink shrinks with it.
+entry's bits XOR those of the previous round's global model, then zstd. The XOR is exact for
+every dtype (no float rounding between the server's model and the devices' copies) and is
+zero wherever a weight did not change, so after a sparse uplink (top-k) the downlink shrinks
+with it.
 """
 
 from __future__ import annotations

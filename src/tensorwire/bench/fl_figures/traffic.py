@@ -150,10 +150,7 @@ def retransmissions_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> 
         "TCP retransmissions",
         "Segments retransmitted per round, summed over the server's and devices' namespaces "
         "(brokers included); none shown for a protocol whose data is not TCP's (udp, quic "
-        "resend by themselves)."
-        + model_note(rows)
-        + " "
-        + reps_note(rows),
+        "resend by themselves)." + model_note(rows) + " " + reps_note(rows),
     )
 
 
