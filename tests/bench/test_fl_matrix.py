@@ -12,7 +12,9 @@ from tensorwire.testbed import ProfileError
 
 def test_keys_are_stable_and_tell_every_setting_apart():
     exp = Experiment("tcp", profile="4g", loss=0.05, stress="cpu", uplink="topk", ratio=0.01)
-    assert exp.key == "tcp_vgg5_4g_loss0.05_stress-cpu_up-topk0.01_digits_4dev_3rounds_rep0"
+    assert (
+        exp.key == "tcp_vgg5_4g_loss0.05_stress-cpu_up-topk0.01_codec-auto_digits_4dev_3rounds_rep0"
+    )
     assert Experiment.from_config(exp.to_config()).key == exp.key
     variants = [
         Experiment("tcp"),
@@ -30,8 +32,29 @@ def test_keys_are_stable_and_tell_every_setting_apart():
         Experiment("tcp", downlink="delta"),
         Experiment("tcp", downlink="fp16"),
         Experiment("tcp", epochs=5),
+        Experiment("tcp", codec="none"),
+        Experiment("tcp", codec="lz4"),
     ]
     assert len({v.key for v in variants}) == len(variants)
+
+
+def test_the_lossless_codec_is_an_axis_auto_by_default_and_old_runs_read_as_raw():
+    matrix = Matrix(protocols=("tcp",), codecs=("none", "auto", "zstd"))
+    assert [e.codec for e in matrix.experiments()] == ["none", "auto", "zstd"]
+    assert Matrix(protocols=("tcp",)).codecs == ("auto",)
+    assert Matrix.from_config(matrix.to_config()) == matrix
+    old = Matrix(protocols=("tcp",)).to_config()
+    del old["codecs"]  # a run recorded before codecs were an axis sent everything raw
+    assert Matrix.from_config(old).codecs == ("none",)
+    raw = Experiment("tcp", codec="none")
+    assert raw.key == "tcp_vgg5_4g_loss0_stress-none_up-none_digits_4dev_3rounds_rep0"
+    recorded = raw.to_config()
+    del recorded["codec"]
+    assert Experiment.from_config(recorded).key == raw.key  # an old run resumes, not redone
+    with pytest.raises(ValueError, match=r"codec 'zip': choose one of none, auto, .*lz4"):
+        Experiment("tcp", codec="zip")
+    # lossy both ways: no lossless codec is used, so it is not a setting of its own
+    assert Experiment("tcp", uplink="fp16", downlink="fp16", codec="lz4").codec == "none"
 
 
 def test_downlink_and_epochs_name_the_experiment_only_where_not_the_defaults():
@@ -40,8 +63,10 @@ def test_downlink_and_epochs_name_the_experiment_only_where_not_the_defaults():
         exp.key
         == "tcp_vgg5_4g_loss0_stress-none_up-topk0.01_down-delta_5ep_digits_4dev_3rounds_rep0"
     )
-    assert exp.codec_label == "topk 1% / down delta"
-    assert Experiment("tcp").codec_label == "none"
+    assert exp.codec_label == "topk 1% / down delta"  # no lossless codec used: none shown
+    assert Experiment("tcp").codec_label == "auto"
+    assert Experiment("tcp", codec="none").codec_label == "none"
+    assert Experiment("tcp", uplink="topk", codec="lz4").codec_label == "topk 1% + lz4"
     with pytest.raises(ValueError, match="downlink 'xor'"):
         Experiment("tcp", downlink="xor")
     with pytest.raises(ValueError, match="epochs"):

@@ -21,6 +21,7 @@ def _transfer(round_, side, role, direction, device, nbytes, **times):
         "device": device,
         "bytes_encoded": nbytes,
         "encode_s": 0.0,
+        "wire_s": 0.0,
         "decode_s": 0.0,
         "wall_s": 0.0,
         "e2e_s": None,
@@ -88,9 +89,9 @@ def experiment(tmp_path):
     for r in (1, 2):
         transfers += [
             _transfer(r, "server", "send", "downlink", "device-1", 10**6, encode_s=0.1),
-            _transfer(r, "device", "recv", "downlink", "device-1", 10**6, decode_s=0.2, e2e_s=1.5),
+            _transfer(r, "device", "recv", "downlink", "device-1", 10**6, decode_s=0.2, wire_s=1.0),
             _transfer(r, "device", "send", "uplink", "device-1", 10**6, encode_s=0.05),
-            _transfer(r, "server", "recv", "uplink", "device-1", 10**6, wall_s=2.0),
+            _transfer(r, "server", "recv", "uplink", "device-1", 10**6, wire_s=1.9),
         ]
     pd.DataFrame(transfers).to_parquet(d / "transfers.parquet")
     readings = (
@@ -111,11 +112,24 @@ def test_lower_bound_is_bytes_over_each_directions_rate_summed_like_comm_time(ex
     assert frame["comm_over_bound"].tolist() == pytest.approx([3.5 / 3, 3.5 / 3])
 
 
-def test_comm_time_splits_into_encode_wire_decode(experiment):
+def test_comm_time_splits_into_encode_wait_wire_decode(experiment):
     row = experiment_frame(experiment).iloc[0]
-    assert row["encode_s"] == pytest.approx(0.15)
-    assert row["decode_s"] == pytest.approx(0.2)
-    assert row["wire_s"] == pytest.approx(3.5 - 0.15 - 0.2)  # the rest of comm_s
+    assert row["encode_s"] == pytest.approx(0.15)  # the senders'
+    assert row["decode_s"] == pytest.approx(0.2)  # the receivers' own work
+    assert row["wire_s"] == pytest.approx(1.0 + 1.9)  # the receivers' first byte to last
+    assert row["wait_s"] == pytest.approx(3.5 - 0.15 - 0.2 - 2.9)  # the rest of comm_s
+    assert summarize(experiment_frame(experiment)).iloc[0]["wait_s"] == pytest.approx(0.25)
+
+
+def test_tcp_retransmissions_are_not_applicable_to_a_protocol_that_is_not_tcp(experiment):
+    manifest = json.loads((experiment / "manifest.json").read_text())
+    assert experiment_frame(experiment)["retrans_segs"].notna().all()
+    for protocol in ("udp", "udp-best-effort", "quic"):
+        manifest["experiment"]["protocol"] = protocol
+        (experiment / "manifest.json").write_text(json.dumps(manifest))
+        frame = experiment_frame(experiment)
+        assert frame["retrans_segs"].isna().all(), protocol  # n/a, not 0
+        assert summarize(frame).iloc[0]["retrans_segs"] != 0
 
 
 def test_counters_give_each_round_its_own_increase_bridge_left_out(experiment):

@@ -286,11 +286,23 @@ def test_a_verdict_gives_the_factor_and_its_paired_ci():
     assert "not told apart at 95 %" in wifi  # 10 ms either way: within the noise
 
 
-def test_one_repetition_gives_no_interval_and_says_so():
+def test_one_repetition_gives_no_interval_and_tells_nothing_apart():
     said = verdicts(_frame(reps=1))
-    assert all("one repetition: no confidence interval" in s for s in said)
+    assert said and all("not told apart: one repetition, no confidence interval" in s for s in said)
+    assert not any(" is " in s and "x faster than" in s for s in said)  # no claim
+    table = ranking_table(_frame(reps=1))
+    assert set(table["rank"]) == {1} and table["tied"].all()  # even 0.6x: one repetition
     html = section_html(_frame(reps=1))
     assert "± " not in html.split("</th></tr>")[1]  # no ± without two repetitions
+    assert "<td>1=</td>" in html
+
+
+def test_protocols_within_each_others_interval_share_a_rank():
+    table = ranking_table(_frame())
+    wifi = table[table["condition"] == "wifi"]
+    assert list(wifi["rank"]) == [1, 1] and wifi["tied"].all()  # 10 ms either way
+    three_g = table[table["condition"] == "3g"]
+    assert not three_g["tied"].any()  # 0.6x, three repetitions: told apart
 
 
 def test_the_paired_ratio_takes_the_geometric_mean_of_the_repetitions():

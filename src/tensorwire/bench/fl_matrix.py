@@ -1,7 +1,8 @@
 """The FedComm experiment matrix: protocols x models x profiles x loss x stress x codecs x reps,
 and beyond FedComm the topology (star, shared, shared-broker-near) and per-device links.
 
-Codecs are the uplink compressor and the downlink mode (none, fp16, or a lossless delta).
+Codecs are the uplink compressor, the downlink mode (none, fp16, or a lossless delta) and the
+lossless codec of both (auto, the FL runtime's default, none, or a codec id such as lz4).
 ``tcp-sequential`` is tcp whose server reaches its devices one after another (FedComm's TCP
 server did), beside tcp's concurrent broadcast.
 
@@ -16,6 +17,7 @@ import itertools
 import re
 from typing import Any
 
+from tensorwire.fl.config import LOSSLESS_DEFAULT
 from tensorwire.testbed.profile import LinkProfile, as_profile
 from tensorwire.testbed.shaping import TOPOLOGIES
 from tensorwire.transports.registry import (
@@ -33,11 +35,15 @@ SEQUENTIAL = {"tcp-sequential": "tcp"}
 MIXED = "mixed"  # the profile of a star whose devices each have their own link
 
 
-def codec_label(uplink: str, ratio: float, downlink: str = "none") -> str:
-    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``, and
-    the downlink mode where it is not none: ``topk 1% / down delta``."""
+def codec_label(uplink: str, ratio: float, downlink: str = "none", lossless: str = "none") -> str:
+    """An uplink codec with the fraction it keeps where it has one, e.g. ``topk 1%``, the
+    downlink mode where it is not none (``topk 1% / down delta``), and the lossless codec
+    where one is used: ``auto`` alone, ``topk 1% + auto`` beside a lossy one."""
     label = f"{uplink} {ratio * 100:g}%" if uplink in RATIO_CODECS else uplink
-    return label if downlink == "none" else f"{label} / down {downlink}"
+    label = label if downlink == "none" else f"{label} / down {downlink}"
+    if lossless == "none":
+        return label
+    return lossless if label == "none" else f"{label} + {lossless}"
 
 
 def registered_protocols() -> list[str]:
@@ -91,8 +97,9 @@ def protocol_name(text: str) -> str:
 class Experiment:
     """One FedAvg run: ``protocol`` (a name of :func:`protocol_schemes`), ``model``, link
     ``profile`` (a name or profile string) with packet ``loss`` (a fraction), ``stress``
-    (none, cpu, network), ``uplink`` compressor keeping ``ratio``, ``downlink`` mode, and
-    the run's size (``epochs`` local epochs per round).
+    (none, cpu, network), ``uplink`` compressor keeping ``ratio``, ``downlink`` mode, the
+    lossless ``codec`` of both (where they are not lossy), and the run's size (``epochs``
+    local epochs per round).
 
     ``topology``: ``star`` (a link per device, shaped with ``profile``), ``shared`` (one access
     link shaped with ``profile`` in front of the server, every device behind it) or
@@ -120,6 +127,7 @@ class Experiment:
     faults: str = "none"  # a scenario of tensorwire.bench.fl_faults, e.g. kill@2-4+hang@3
     deadline: float | None = None  # a round's deadline, s (None: fault_deadline with faults)
     quorum: int | None = None  # updates a round needs (None: all with no faults, else half)
+    codec: str = LOSSLESS_DEFAULT  # lossless codec of model and updates: auto, none, lz4 ...
 
     def __post_init__(self) -> None:
         from tensorwire.bench.fl_faults import parse_scenario
@@ -140,6 +148,8 @@ class Experiment:
             raise ValueError("profile 'mixed' is a star whose devices have links of their own")
         if self.stress not in STRESSES:
             raise ValueError(f"stress {self.stress!r}: choose among {', '.join(STRESSES)}")
+        if self.uplink != "none" and self.downlink != "none":  # both lossy: no lossless use
+            object.__setattr__(self, "codec", "none")
         if self.security not in SECURITIES:
             raise ValueError(f"security {self.security!r}: choose among {', '.join(SECURITIES)}")
         object.__setattr__(self, "faults", self.faults.strip().lower() or "none")
@@ -158,20 +168,22 @@ class Experiment:
             uplink=self.uplink,
             ratio=self.ratio,
             downlink=self.downlink,
+            codec=self.codec,
         )
         self.link_profile()  # a profile that does not parse fails here, not mid-run
 
     @property
     def codec_label(self) -> str:
-        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``, and the
-        downlink mode where it is not none."""
-        return codec_label(self.uplink, self.ratio, self.downlink)
+        """The uplink codec with its ratio where it has one, e.g. ``topk 1%``, the
+        downlink mode where it is not none, and the lossless codec where one is used."""
+        return codec_label(self.uplink, self.ratio, self.downlink, self.codec)
 
     @property
     def key(self) -> str:
         """A directory name that is the same for the same settings, e.g.
-        ``tcp_vgg5_4g_loss0_stress-none_up-none_digits_4dev_3rounds_rep0`` (``down-delta``
-        and ``5ep`` follow ``up-...`` where they are not the defaults)."""
+        ``tcp_vgg5_4g_loss0_stress-none_up-none_codec-auto_digits_4dev_3rounds_rep0``
+        (``down-delta`` and ``5ep`` follow ``up-...`` where they are not the defaults; no
+        ``codec-`` part for raw, as before codecs were an axis)."""
         uplink = self.uplink + (f"{self.ratio:g}" if self.uplink in RATIO_CODECS else "")
         parts = [
             self.protocol,
@@ -181,6 +193,7 @@ class Experiment:
             f"stress-{self.stress}",
             f"up-{uplink}",
             *([f"down-{self.downlink}"] if self.downlink != "none" else []),
+            *([f"codec-{_slug(self.codec)}"] if self.codec != "none" else []),
             *([f"{self.epochs}ep"] if self.epochs != 1 else []),
             *([f"sec-{self.security}"] if self.security != "none" else []),
             *([f"topo-{self.topology}"] if self.topology != "star" else []),
@@ -219,8 +232,10 @@ class Experiment:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Experiment:
+        """The experiment ``config`` describes (one recorded before codecs were an axis
+        ran raw: ``codec`` none)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in config.items() if k in names})
+        return cls(**{"codec": "none", **{k: v for k, v in config.items() if k in names}})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +262,7 @@ class Matrix:
     faults: tuple[str, ...] = ("none",)  # fault scenarios (tensorwire.bench.fl_faults)
     deadline: float | None = None  # every round's deadline, s (None: see Experiment)
     quorum: int | None = None  # updates a round needs (None: see Experiment)
+    codecs: tuple[str, ...] = (LOSSLESS_DEFAULT,)  # lossless codecs of model and updates
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "links", tuple(parse_links(each) for each in self.links))
@@ -264,6 +280,7 @@ class Matrix:
             "topologies",
             "links",
             "faults",
+            "codecs",
         ):
             if not getattr(self, name):
                 raise ValueError(f"the matrix needs at least one of {name}")
@@ -282,7 +299,13 @@ class Matrix:
             range(self.reps), self.topologies, self.links, self.profiles, self.losses
         )
         inner = itertools.product(
-            self.stresses, self.uplinks, self.downlinks, self.securities, self.models, self.faults
+            self.stresses,
+            self.uplinks,
+            self.downlinks,
+            self.codecs,
+            self.securities,
+            self.models,
+            self.faults,
         )
         experiments = [
             Experiment(
@@ -305,11 +328,13 @@ class Matrix:
                 faults=faults,
                 deadline=self.deadline,
                 quorum=self.quorum,
+                codec=codec,
             )
             for (rep, topology, links, profile, loss), (
                 stress,
                 uplink,
                 downlink,
+                codec,
                 security,
                 model,
                 faults,
@@ -329,11 +354,13 @@ class Matrix:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Matrix:
+        """The matrix ``config`` describes (one recorded before codecs were an axis ran
+        raw: ``codecs`` none)."""
         names = {f.name for f in dataclasses.fields(cls)}
         fields: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names
         }
-        return cls(**fields)
+        return cls(**{"codecs": ("none",), **fields})
 
 
 def _with_loss(profile: LinkProfile, text: str, loss: float) -> LinkProfile:

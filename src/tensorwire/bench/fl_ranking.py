@@ -7,11 +7,13 @@ its rounds), so rounds are not taken for repetitions.
 
 - :func:`ranking_table`: per condition and series (protocol, or ``run: protocol``), the mean
   over repetitions, the half-width of its 95 % confidence interval (Student's t; NaN with one
-  repetition), the rank and how many times the fastest's time it takes;
+  repetition), the rank and how many times the fastest's time it takes; protocols the
+  evidence cannot tell apart (one repetition, or overlapping intervals) share a rank;
 - :func:`verdicts`: per condition one sentence, e.g. ``3g, loss 10%: udp is 1.61x faster
   than tcp (95 % CI 1.43-1.80x, 3 repetitions paired)``; the ratio is the geometric mean of
   the per-repetition ratios, its interval from their logarithms, so a repetition's own load
-  on the machine affects both protocols it compares;
+  on the machine affects both protocols it compares. With one repetition, or an interval
+  that holds 1.0, the two are "not told apart";
 - :func:`section_html`: both as the report's ranking section.
 """
 
@@ -161,7 +163,9 @@ def ranking_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per condition (in the run's order) and series, fastest first: ``reps``, ``comm_s``
     and ``comm_ci`` (mean communication time per round over repetitions and its 95 % CI
     half-width), ``ratio`` and ``ratio_ci`` (over the lower bound), ``rank`` and
-    ``x_fastest`` (this series' time over the condition's fastest)."""
+    ``x_fastest`` (this series' time over the condition's fastest). A series not told apart
+    from the one before it (either has one repetition, or their intervals overlap) shares its
+    rank, and ``tied`` says it shares one."""
     each = experiment_table(frame)
     if each.empty:
         return pd.DataFrame()
@@ -186,10 +190,36 @@ def ranking_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = table.sort_values(
         ["condition", "comm_s"], key=lambda s: s.map(order) if s.name == "condition" else s
     )
-    table["rank"] = table.groupby("condition", sort=False).cumcount() + 1
+    table = table.reset_index(drop=True)
+    table["rank"] = _shared_ranks(table)
+    table["tied"] = table.duplicated(["condition", "rank"], keep=False)
     fastest = table.groupby("condition", sort=False)["comm_s"].transform("min")
     table["x_fastest"] = table["comm_s"] / fastest
-    return table.reset_index(drop=True)
+    return table
+
+
+def told_apart(a: Any, b: Any) -> bool:
+    """Whether rows ``a`` and ``b`` (``reps``, ``comm_s``, ``comm_ci``) differ beyond the
+    noise: two or more repetitions each and 95 % intervals that do not overlap."""
+    if a.reps < 2 or b.reps < 2 or not (np.isfinite(a.comm_ci) and np.isfinite(b.comm_ci)):
+        return False
+    low, high = (a, b) if a.comm_s <= b.comm_s else (b, a)
+    return bool(low.comm_s + low.comm_ci < high.comm_s - high.comm_ci)
+
+
+def _shared_ranks(table: pd.DataFrame) -> list[int]:
+    """Ranks in ``table``'s order (fastest first per condition): one more than the rows
+    before for a row told apart from the one before it, else that one's rank."""
+    ranks: list[int] = []
+    previous: Any = None
+    for i, row in enumerate(table.itertuples(index=False)):
+        if previous is None or previous.condition != row.condition:
+            first, previous = i, row
+            ranks.append(1)
+            continue
+        ranks.append(i - first + 1 if told_apart(previous, row) else ranks[-1])
+        previous = row
+    return ranks
 
 
 def paired_ratio(slow: pd.DataFrame, fast: pd.DataFrame) -> tuple[float, float, float, int]:
@@ -227,19 +257,26 @@ def verdicts(frame: pd.DataFrame) -> list[str]:
         factor, low, high, pairs = paired_ratio(
             rows[rows["series"] == other], rows[rows["series"] == fastest]
         )
-        if pairs >= 2:
-            d = 3 if high < 1.1 else 2
-            if low <= 1.0:
-                how = (
-                    f"; not told apart at 95 % (CI {low:.{d}f}-{high:.{d}f}x over {pairs} "
-                    "repetitions paired)"
-                )
-            else:
-                how = f" (95 % CI {low:.{d}f}-{high:.{d}f}x, {pairs} repetitions paired)"
-        else:
-            how = " (one repetition: no confidence interval)"
         digits = 3 if factor < 1.1 else 2  # 1.004x, not 1.00x
-        said.append(f"{condition}: {fastest} is {factor:.{digits}f}x faster than {other}{how}.")
+        measured = f"{fastest} measured {factor:.{digits}f}x faster"
+        if pairs < 2:
+            said.append(
+                f"{condition}: {fastest} and {other} not told apart: one repetition, no "
+                f"confidence interval ({measured}; --reps 3 or more can tell them apart)."
+            )
+            continue
+        d = 3 if high < 1.1 else 2
+        ci = f"CI {low:.{d}f}-{high:.{d}f}x"
+        if low <= 1.0:
+            said.append(
+                f"{condition}: {fastest} and {other} not told apart at 95 % ({measured}; "
+                f"{ci} over {pairs} repetitions paired)."
+            )
+        else:
+            said.append(
+                f"{condition}: {fastest} is {factor:.{digits}f}x faster than {other} "
+                f"(95 % {ci}, {pairs} repetitions paired)."
+            )
     return said
 
 
@@ -264,7 +301,7 @@ def section_html(frame: pd.DataFrame) -> str:
                 f"<td{cls}>{html.escape(text)}</td>"
                 for text, cls in (
                     (str(row.condition) if row.rank == 1 else "", ' class="text"'),
-                    (str(row.rank), ""),
+                    (f"{row.rank}=" if row.tied else str(row.rank), ""),
                     (str(row.series), ' class="text"'),
                     (_cell(row.comm_s, row.comm_ci), ""),
                     (f"{row.x_fastest:.2f}", ""),
@@ -293,7 +330,8 @@ def section_html(frame: pd.DataFrame) -> str:
         "confidence interval of the mean over repetitions (Student's t), shown only where a "
         "setting has two or more. A verdict's factor is the geometric mean of the "
         "per-repetition ratios of the two protocols' times, its interval from their "
-        "logarithms.</p>"
+        "logarithms. Protocols the evidence cannot tell apart (one repetition, or "
+        "overlapping intervals) share a rank, marked =.</p>"
         f"<ul class='verdicts'>{said}</ul>"
         f"<table><tr>{head}</tr>{''.join(rows)}</table></section>"
     )

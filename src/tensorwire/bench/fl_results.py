@@ -8,11 +8,16 @@ every round boundary), and adds per round:
 - ``lower_bound_s``: each transfer's message bytes (header + encoded tensors) over the rate
   of the slowest link on its way (its device's own, or the shared one), summed over transfers
   as ``comm_s`` is: the time the shaped links need at least, each transfer alone on them;
-- ``encode_s`` / ``wire_s`` / ``decode_s``: ``comm_s`` split into the senders' encoding,
-  the receivers' decoding, and the rest (on the wire and in queues; also any encoding or
-  decoding whose record a device did not send back);
+- ``encode_s`` / ``wait_s`` / ``wire_s`` / ``decode_s``: ``comm_s`` split four ways, the
+  same on every protocol: ``encode_s`` the senders' CPU encoding; ``wire_s`` the receivers'
+  time from a message's first byte arriving to its last, less decoding (the bytes crossing
+  the link); ``decode_s`` the receivers' CPU decoding (header, checksums, codecs; never the
+  wait for bytes); ``wait_s`` the rest: from the end of encoding to the first byte arriving
+  (a fan-out's queue, a broker's store and forward, the link's delay), and any part whose
+  record a device did not send back;
 - ``wire_bytes``: bytes the veths sent (frames, protocol overhead and resends included);
 - ``retrans_segs``: TCP segments retransmitted in every namespace (the broker's included);
+  NaN (n/a) for a protocol whose data is not TCP's (udp, quic: they resend themselves);
 - on a shared topology, ``shared_down_bytes`` / ``shared_up_bytes``: bytes the shared access
   link carried towards the devices / the server, and ``shared_down_copies``: how many copies
   of the model crossed it per round (4 when a server unicasts to 4 devices, 1 when a broker
@@ -30,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tensorwire.bench.fl_matrix import codec_label
+from tensorwire.bench.fl_matrix import codec_label, transport_of
 
 EXPERIMENTS_DIR = "experiments"
 TABLE = "experiments.parquet"
@@ -60,17 +65,20 @@ def _per_round_transfers(
 ) -> pd.DataFrame:
     """Per round: lower bound, and the encoding and decoding seconds of the summed transfers.
     ``device_rates`` (device -> direction -> bits/s), where given, are each device's way."""
-    columns = ["round", "lower_bound_s", "encode_s", "decode_s"]
+    columns = ["round", "lower_bound_s", "encode_s", "wire_s", "decode_s"]
     if transfers.empty:
         return pd.DataFrame(columns=columns)
+    for part in ("encode_s", "wire_s", "decode_s"):  # records that lack a part: 0 s of it
+        if part not in transfers:
+            transfers = transfers.assign(**{part: 0.0})
     key = ["round", "direction", "device"]
     sent = transfers[transfers["role"] == "send"].groupby(key)["encode_s"].max()
-    got = transfers[transfers["role"] == "recv"].groupby(key)["decode_s"].max()
+    got = transfers[transfers["role"] == "recv"].groupby(key)[["wire_s", "decode_s"]].max()
     size = transfers.groupby(key)["bytes_encoded"].max()
     each = (
         pd.concat([size, sent, got], axis=1)
         .reset_index()
-        .fillna({"encode_s": 0.0, "decode_s": 0.0})
+        .fillna({"encode_s": 0.0, "wire_s": 0.0, "decode_s": 0.0})
     )
     if device_rates:
         rate = pd.Series(
@@ -89,6 +97,7 @@ def _per_round_transfers(
         .agg(
             lower_bound_s=("lower_bound_s", lambda s: s.sum(min_count=len(s))),
             encode_s=("encode_s", "sum"),
+            wire_s=("wire_s", "sum"),
             decode_s=("decode_s", "sum"),
         )
         .reset_index()
@@ -154,7 +163,10 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
     frame["wire_bytes"] = frame["wire_down_bytes"] + frame["wire_up_bytes"]
     if "wire_host_bytes" in frame:
         frame["wire_bytes"] = frame["wire_bytes"].fillna(frame.pop("wire_host_bytes"))
-    frame["wire_s"] = (frame["comm_s"] - frame["encode_s"] - frame["decode_s"]).clip(lower=0.0)
+    parts = frame["encode_s"] + frame["wire_s"] + frame["decode_s"]
+    frame["wait_s"] = (frame["comm_s"] - parts).clip(lower=0.0)
+    if not _over_tcp(exp["protocol"]):
+        frame["retrans_segs"] = np.nan  # its data is not TCP's: the counters say nothing of it
     frame["comm_over_bound"] = frame["comm_s"] / frame["lower_bound_s"]
     profile = doc.get("shaping", {}).get("profile", {})
     settings: dict[str, Any] = {
@@ -164,7 +176,11 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
         "downlink": exp.get("downlink", "none"),
         "epochs": exp.get("epochs", 1),
         "security": exp.get("security", "none"),
-        "codec": codec_label(exp["uplink"], exp["ratio"], exp.get("downlink", "none")),
+        # every codec of the run in one label (lossless none: recorded before it was an axis)
+        "codec": codec_label(
+            exp["uplink"], exp["ratio"], exp.get("downlink", "none"), exp.get("codec", "none")
+        ),
+        "lossless": exp.get("codec", "none"),
         "rep": exp["rep"],
         "clients": exp["clients"],
         "dataset": exp["dataset"],
@@ -181,6 +197,15 @@ def experiment_frame(exp_dir: Path) -> pd.DataFrame:
     for name, value in reversed(settings.items()):
         frame.insert(0, name, value)
     return frame
+
+
+def _over_tcp(protocol: str) -> bool:
+    """Whether ``protocol``'s data crosses the links as TCP (True for one not registered
+    here: the counters are kept)."""
+    try:
+        return transport_of(protocol).over_tcp
+    except KeyError:
+        return True
 
 
 def _downlink_messages(transfers: pd.DataFrame) -> dict[int, int]:
@@ -302,10 +327,13 @@ def collect(run_dir: Path) -> pd.DataFrame:
 def summarize(frame: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
     """Key numbers per setting (over rounds and repetitions): communication time per round,
     its lower bound and their ratio, bytes per round, retransmissions per round, the final
-    accuracy (last round, mean over repetitions) and the encode / wire / decode split."""
+    accuracy (last round, mean over repetitions) and the encode / wait / wire / decode
+    split."""
     by = by or [d for d in DIMENSIONS if d in frame]
     if frame.empty:
         return pd.DataFrame(columns=by)
+    if "wait_s" not in frame:  # a table written before waiting was told apart
+        frame = frame.assign(wait_s=np.nan)
     last = frame[frame["round"] == frame["rounds_total"]]
     grouped = frame.groupby(by, sort=False, dropna=False)
     table = grouped.agg(
@@ -316,6 +344,7 @@ def summarize(frame: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
         wire_bytes=("wire_bytes", "mean"),
         retrans_segs=("retrans_segs", "mean"),
         encode_s=("encode_s", "mean"),
+        wait_s=("wait_s", "mean"),
         wire_s=("wire_s", "mean"),
         decode_s=("decode_s", "mean"),
         label=("label", "first"),

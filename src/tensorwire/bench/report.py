@@ -44,6 +44,7 @@ KEY_NUMBERS = {
     "retrans_segs": "TCP retrans / round",
     "final_accuracy_pct": "final accuracy (%)",
     "encode_s": "encode (s)",
+    "wait_s": "wait (s)",
     "wire_s": "wire (s)",
     "decode_s": "decode (s)",
 }
@@ -95,6 +96,16 @@ def varying(frame: pd.DataFrame, dims: list[str]) -> list[str]:
     return [d for d in dims if d in frame and (d == "protocol" or frame[d].nunique() > 1)]
 
 
+def shown_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """A run's matrix (or an experiment's settings) as the report lists them: the network
+    stressor's load only where a run has network stress (elsewhere nothing offered it)."""
+    config = dict(doc.get("matrix") or doc.get("experiment") or {})
+    stresses = config.get("stresses", [config.get("stress", "none")])
+    if "network" not in stresses:
+        config.pop("network_mbit", None)
+    return config
+
+
 def _label_html(manifests: dict[str, dict[str, Any]], frame: pd.DataFrame) -> str:
     parts = []
     for run, doc in manifests.items():
@@ -140,7 +151,7 @@ def _table_html(table: pd.DataFrame, headers: dict[str, str]) -> str:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 text, cls = str(value), ' class="text"'
             elif isinstance(value, float):
-                text, cls = ("" if pd.isna(value) else f"{value:.3g}"), ""
+                text, cls = ("n/a" if pd.isna(value) else f"{value:.3g}"), ""
             else:
                 text, cls = f"{value:,}", ""
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
@@ -219,9 +230,7 @@ def render(
     if "experiment" in single:
         title += f" — experiment {single.get('key', '')}"
     settings = "".join(
-        f"<p>{html.escape(run)}: "
-        f"<code>{html.escape(json.dumps(doc.get('matrix') or doc.get('experiment') or {}))}</code>"
-        "</p>"
+        f"<p>{html.escape(run)}: <code>{html.escape(json.dumps(shown_settings(doc)))}</code></p>"
         for run, doc in manifests.items()
     )
     return f"""<!DOCTYPE html>
@@ -235,7 +244,14 @@ summed the same way. Written {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {_label_html(manifests, frame)}
 {ranking_html(frame) if not frame.empty else ""}
 <h2>Key numbers</h2>
-<p>Means per round over rounds and repetitions; final accuracy after the last round.</p>
+<p>Means per round over rounds and repetitions; final accuracy after the last round.
+Communication time per round is split four ways, each summed over transfers as it is, the same
+on every protocol: <b>encode</b>, the senders' CPU time encoding; <b>wait</b>, from the end of
+encoding to a message's first byte arriving (a fan-out's queue, a broker's store and forward,
+the link's delay); <b>wire</b>, from the first byte arriving to the last, decoding left out
+(the bytes crossing the link); <b>decode</b>, the receivers' CPU time decoding (header,
+checksums, codecs; never the wait for bytes). TCP retransmissions are n/a for protocols whose
+data is not TCP's (udp, quic resend by themselves).</p>
 {_table_html(table, headers) if not table.empty else "<p>No experiment has completed.</p>"}
 {section_html(run_dirs)}
 {faults_html(run_dirs)}

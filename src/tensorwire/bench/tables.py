@@ -28,6 +28,8 @@ def _fmt(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
+        if value != value:  # NaN: the figure does not apply (or was not measured)
+            return "n/a"
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"

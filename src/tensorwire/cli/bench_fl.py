@@ -15,7 +15,12 @@ from tensorwire.cli.console import console, err_console
 
 if TYPE_CHECKING:
     from tensorwire.bench.fl_matrix import Matrix
-from tensorwire.cli.fl_estimate import CONFIRM_ABOVE_S, duration_words, estimate_seconds
+from tensorwire.cli.fl_estimate import (
+    CONFIRM_ABOVE_S,
+    duration_words,
+    estimate_seconds,
+    load_factor,
+)
 from tensorwire.cli.options import (
     parse_floats,
     protocols_help,
@@ -77,6 +82,15 @@ def bench_fl_cmd(
         typer.Option(
             help="Comma-separated downlink modes: none, fp16, delta (XOR with the previous "
             "global model, zstd; lossless, and small after a sparse uplink). Default: none."
+        ),
+    ] = None,
+    codec: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated lossless codecs of the model and the updates (where --uplink "
+            "/ --downlink are not lossy): auto (each tensor raw or compressed, whichever the "
+            "measured link carries faster; the FL default), none, or codec ids such as lz4, "
+            "zstd, blosc2. Default: auto."
         ),
     ] = None,
     security: Annotated[
@@ -193,6 +207,7 @@ def bench_fl_cmd(
             "stresses": tuple(split_list(stress)) if stress else None,
             "uplinks": tuple(split_list(uplink)) if uplink else None,
             "downlinks": tuple(split_list(downlink)) if downlink else None,
+            "codecs": tuple(split_list(codec)) if codec else None,
             "securities": tuple(split_list(security)) if security else None,
             "topologies": tuple(split_list(topology)) if topology else None,
             "links": tuple(parse_links(each) for each in links) if links else None,
@@ -286,6 +301,11 @@ def _announce(matrix: Matrix, ask: bool) -> None:
     left_out = sorted(p for p, why in problems.items() if why)
     kept = tuple(p for p in matrix.protocols if problems[p] is None)
     seconds = estimate_seconds(dataclasses.replace(matrix, protocols=kept)) if kept else 0.0
+    busy = load_factor()
+    seconds *= busy
+    how = "a rough estimate" + (
+        f", {busy:.1f}x for the other jobs sharing the CPUs" if busy > 1.05 else ""
+    )
     caps = probe_capabilities()
     if caps.mode is None:
         why = "; ".join(caps[n].reason for n in ("root", "userns", "netns") if n in caps.items)
@@ -299,7 +319,7 @@ def _announce(matrix: Matrix, ask: bool) -> None:
     console.print(
         f"bench fl: {len(experiments)} experiment(s), {matrix.rounds} round(s) each"
         + (f", {skipped} left out ({', '.join(left_out)})" if left_out else "")
-        + f"; about {duration_words(seconds)} here (a rough estimate); {where}."
+        + f"; about {duration_words(seconds)} here ({how}); {where}."
     )
     if not ask or seconds <= CONFIRM_ABOVE_S:
         return
@@ -311,6 +331,16 @@ def _announce(matrix: Matrix, ask: bool) -> None:
         "or narrow it (--protocols, --models, --profiles, --rounds; --quick is the short one)"
     )
     raise typer.Exit(1)
+
+
+TABLE_NOTE = (
+    "comm s/round: each device's downlink and uplink transfer times (from the first byte "
+    "encoded to the last tensor decoded) added up over the devices, not how long a round "
+    "took (their transfers overlap). bound s/round: the least those transfers can take, each "
+    "message's bytes over its link's shaped rate, added up the same way; comm/bound: how far "
+    "above it (1.0 is the link's full rate). Means over rounds and repetitions. TCP "
+    "retrans n/a: the protocol's data is not TCP's (udp and quic resend by themselves)."
+)
 
 
 def _print_fl_table(run_dir: Path) -> None:
@@ -330,8 +360,8 @@ def _print_fl_table(run_dir: Path) -> None:
     by = varying(frame, DIMENSIONS)
     table = key_numbers(frame, by)
     names = {
-        "comm_s": "comm s/round",
-        "lower_bound_s": "bound s/round",
+        "comm_s": "comm s/round (sum over devices)",
+        "lower_bound_s": "bound s/round (sum over devices)",
         "ratio": "comm/bound",
         "payload_MB": "MB/round",
         "wire_MB": "link MB/round",
@@ -345,3 +375,4 @@ def _print_fl_table(run_dir: Path) -> None:
     if len(labels) > 1:  # one per profile: the run's own label says it shorter
         labels = [json.loads((run_dir / "manifest.json").read_text()).get("label", "")]
     print_table(rows, f"FedAvg communication ({labels[0]})", [*by, *names.values()], console)
+    console.print(TABLE_NOTE)

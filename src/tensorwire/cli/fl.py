@@ -66,6 +66,18 @@ def _check_model(value: str | None) -> str | None:
     return value
 
 
+def _check_codec(value: str | None) -> str | None:
+    """A lossless codec name the run accepts, checked before anything starts."""
+    from tensorwire.fl.config import check_lossless
+
+    try:
+        if value is not None:
+            check_lossless(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 Dataset = Annotated[
     Literal[BUILTIN_DATASETS],  # type: ignore[valid-type]
     typer.Option(help="digits (offline), cifar10 (from --data-root), synthetic."),
@@ -104,6 +116,16 @@ ErrorFeedback = Annotated[
 Downlink = Annotated[
     Literal[DOWNLINK_MODES],  # type: ignore[valid-type]
     typer.Option(help="Global model: none, fp16, or delta (XOR with the last, zstd; lossless)."),
+]
+LosslessCodec = Annotated[
+    str,
+    typer.Option(
+        "--codec",
+        callback=_check_codec,
+        help="Lossless codec of the model and the updates: auto (each tensor raw or "
+        "compressed, whichever the measured link carries faster), none, or a codec id "
+        "(lz4, zstd, blosc2 ...). A lossy --uplink / --downlink replaces it there.",
+    ),
 ]
 Fraction = Annotated[
     float, typer.Option(min=0.0, max=1.0, help="Fraction of the available devices per round.")
@@ -213,6 +235,7 @@ def run_cmd(
     ratio: Ratio = D.ratio,
     error_feedback: ErrorFeedback = D.error_feedback,
     downlink: Downlink = D.downlink,
+    codec: LosslessCodec = D.codec,
     fraction: Fraction = D.fraction,
     clients_per_round: PerRound = D.clients_per_round,
     min_updates: MinUpdates = D.min_updates,
@@ -341,6 +364,7 @@ def server_cmd(
     ratio: Ratio = D.ratio,
     error_feedback: ErrorFeedback = D.error_feedback,
     downlink: Downlink = D.downlink,
+    codec: LosslessCodec = D.codec,
     fraction: Fraction = D.fraction,
     clients_per_round: PerRound = D.clients_per_round,
     min_updates: MinUpdates = D.min_updates,

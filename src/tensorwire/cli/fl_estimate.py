@@ -11,12 +11,20 @@ if TYPE_CHECKING:
 
 CONFIRM_ABOVE_S = 15 * 60  # a bench fl run estimated longer asks before it starts
 
-_EXPERIMENT_S = 40.0  # per experiment: testbed, broker, processes, the first round's warm-up
+# Calibrated on this project's 2-core machine against whole quick runs (digits, VGG-5, 4
+# devices, 3 rounds, 7 protocols at 4g): 143 s and 300 s measured with the machine shared,
+# 213 s estimated. Each figure below is a quiet machine's; a busy one scales the whole
+# (:func:`load_factor`).
+QUICK_RUNS_S = (143.0, 300.0)
 
-_ROUND_S = 3.0  # per round: evaluation, aggregation, counters
+_EXPERIMENT_S = 15.0  # per experiment: testbed, broker, processes, the first round's warm-up
 
-# Training seconds per sample and CPU core, measured on this project's 2-core machine.
-_TRAIN_S_PER_SAMPLE = {"vgg5": 0.005, "vgg8": 0.024, "resnet18": 0.035}
+_ROUND_S = 1.5  # per round: evaluation, aggregation, counters
+
+# Training seconds per sample and CPU core (train_s_max of VGG-5 rounds: 1-2 s a device).
+_TRAIN_S_PER_SAMPLE = {"vgg5": 0.0025, "vgg8": 0.012, "resnet18": 0.035}
+
+BUSY_CAP = 3.0  # the most a busy machine is taken to stretch a run
 
 _TRAIN_SAMPLES = {"digits": 1437, "synthetic": 400, "cifar10": 50000}
 
@@ -65,6 +73,17 @@ def _fault_seconds(exp: Any) -> float:
         elif event.kind == "broker":
             added += 15.0
     return added
+
+
+def load_factor(cores: int | None = None) -> float:
+    """How much longer than on a quiet machine a run takes here now: the 1-minute load
+    average over the cores, between 1 and :data:`BUSY_CAP` (runs share the cores)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 1.0
+    return min(BUSY_CAP, max(1.0, load / cores))
 
 
 def duration_words(seconds: float) -> str:

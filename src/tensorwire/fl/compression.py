@@ -1,10 +1,13 @@
 """How an FL run's uplink and downlink are compressed, from its config.
 
-Uplink: a lossy compressor (with error feedback where it is biased) on the devices' updates.
-Downlink: the global model raw, cast to fp16, or ``delta``: each entry's bits XOR those of
-the previous round's global model, then zstd. The XOR is exact for every dtype (no float
-rounding between the server's model and the devices' copies) and is zero wherever a weight
-did not change, so after a sparse uplink (top-k) the downlink shrinks with it.
+Uplink: a lossy compressor (with error feedback where it is biased) on the devices' updates,
+else the run's lossless ``codec`` (``auto`` by default: each tensor raw or compressed,
+whichever the link, as measured by the sends so far, carries faster).
+Downlink: the global model with the lossless ``codec``, cast to fp16, or ``delta``: each
+entry's bits XOR those of the previous round's global model, then zstd. The XOR is exact for
+every dtype (no float rounding between the server's model and the devices' copies) and is
+zero wherever a weight did not change, so after a sparse uplink (top-k) the downlink shrinks
+with it.
 """
 
 from __future__ import annotations
@@ -20,10 +23,22 @@ SPARSIFIERS = ("topk", "randomk", "dgc")  # the compressors that take a kept fra
 StateDict = dict[str, np.ndarray]
 
 
-def uplink_codec(cfg: FLConfig) -> Any:
-    """The device's codec selector for its updates (None: raw)."""
-    if cfg.uplink == "none":
+def lossless_codec(name: str) -> Any:
+    """The codec selector a lossless ``codec`` name asks for (None: raw). ``auto`` is a new
+    :class:`~tensorwire.codecs.AutoCodec`: keep it, so that it keeps what it learnt of the
+    link."""
+    if name == "none":
         return None
+    from tensorwire.codecs import resolve_codecs
+
+    return resolve_codecs(name)
+
+
+def uplink_codec(cfg: FLConfig) -> Any:
+    """The device's codec selector for its updates: the lossy compressor, else the lossless
+    codec (None: raw)."""
+    if cfg.uplink == "none":
+        return lossless_codec(cfg.codec)
     from tensorwire.codecs import lossy_selector
 
     params: dict[str, Any] = {"ratio": cfg.ratio} if cfg.uplink in SPARSIFIERS else {}
@@ -57,13 +72,14 @@ def restore_feedback(selector: Any, state: Any) -> None:
 
 
 def downlink_codec(cfg: FLConfig) -> Any:
-    """The server's codec for the global model: None (raw), fp16, or zstd for ``delta``."""
+    """The server's codec for the global model: the lossless codec (None: raw), fp16, or
+    zstd for ``delta``."""
     if cfg.downlink == "delta":
         from tensorwire.codecs.zstd import Zstd
 
         return Zstd(level=1)
     if cfg.downlink != "fp16":
-        return None
+        return lossless_codec(cfg.codec)
     from tensorwire.codecs import lossy_selector
 
     return lossy_selector("fp16", error_feedback=False)

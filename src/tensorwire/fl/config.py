@@ -8,6 +8,7 @@ from typing import Any
 
 UPLINK_COMPRESSORS = ("none", "fp16", "bf16", "int8", "qsgd", "topk", "randomk", "dgc", "signsgd")
 DOWNLINK_MODES = ("none", "fp16", "delta")
+LOSSLESS_DEFAULT = "auto"  # link-aware: each tensor raw or compressed, whichever is faster
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedyogi", "median", "trimmed-mean")
 LATE_POLICIES = ("discard", "stale")
 BUILTIN_MODELS = ("vgg5", "vgg8", "resnet18", "mlp")
@@ -72,6 +73,7 @@ class FLConfig:
     ratio: float = 0.01  # fraction kept by top-k / random-k / DGC
     error_feedback: bool = True
     downlink: str = "none"  # one of DOWNLINK_MODES
+    codec: str = LOSSLESS_DEFAULT  # lossless, both ways: auto, none, or a codec id (lz4 ...)
     fraction: float = 1.0  # of the available devices sampled per round
     clients_per_round: int | None = None  # overrides fraction
     min_updates: int = 1  # the quorum: valid updates a round needs to change the model
@@ -93,6 +95,7 @@ class FLConfig:
     def __post_init__(self) -> None:
         _choice("uplink", self.uplink, UPLINK_COMPRESSORS)
         _choice("downlink", self.downlink, DOWNLINK_MODES)
+        check_lossless(self.codec)
         _choice("strategy", self.strategy, (*STRATEGIES, CUSTOM))
         _choice("late", self.late, LATE_POLICIES)
         _choice("dataset", self.dataset, (*BUILTIN_DATASETS, CUSTOM))
@@ -145,6 +148,20 @@ class FLConfig:
     def from_dict(cls, d: dict[str, Any]) -> FLConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def lossless_codecs() -> tuple[str, ...]:
+    """The names ``codec`` takes: ``none``, ``auto`` and every registered lossless codec
+    (a plugin's included; lossy compressors are the uplink's and downlink's)."""
+    from tensorwire.codecs import LOSSY_CODECS, available_codecs
+
+    return ("none", "auto", *(c for c in available_codecs() if c not in LOSSY_CODECS))
+
+
+def check_lossless(name: str) -> None:
+    """ValueError unless ``name`` is one of :func:`lossless_codecs`."""
+    if name not in ("none", LOSSLESS_DEFAULT):  # the common ones: no codec import
+        _choice("codec", name, lossless_codecs())
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

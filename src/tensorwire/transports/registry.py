@@ -119,6 +119,9 @@ class TransportEntry:
     paced: bool = False
     """It takes ``rate=BITS_PER_S`` in its URL and paces its sends to it: ``bench fl`` sets it
     a little under the shaped link's rate."""
+    over_tcp: bool = True
+    """Its data crosses a link in TCP segments (False for udp and quic: datagrams, resent by
+    the transport itself; shm: no link), so TCP's retransmission counters say something of it."""
     tls_form_of: str | None = None
     """The transport whose TLS-only URL scheme this is (``mqtts`` of ``mqtt``): the lists of
     every transport that benchmarks and the CLI run leave it out; they secure the other one
@@ -364,6 +367,7 @@ register_transport(
     query="mode=reliable",
     variants={"udp-best-effort": "mode=best-effort"},
     paced=True,
+    over_tcp=False,
 )
 register_transport(
     "shm",
@@ -372,6 +376,7 @@ register_transport(
     local_url="shm://{tag}",
     same_host_only=True,
     baseline="shm_memcpy",
+    over_tcp=False,
 )
 register_transport(
     "amqp",
@@ -433,6 +438,7 @@ register_transport(
     f"{_T}.quic.QuicChannel",
     "quic",
     local_url="quic://127.0.0.1:0?mtu=16000",  # loopback: the largest datagrams quic takes
+    over_tcp=False,
 )
 register_transport(
     "ucx",

@@ -75,6 +75,8 @@ def server_command(
         repr(exp.ratio),
         "--downlink",
         exp.downlink,
+        "--codec",
+        exp.codec,
         "--epochs",
         str(exp.epochs),
         "--seed",

@@ -1,5 +1,5 @@
 """What the wire carried and where the time went: bytes per round, TCP retransmissions, and
-the encode / wire / decode split."""
+the encode / wait / wire / decode split."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from tensorwire.bench.confidence import mean_ci
 from tensorwire.bench.fl_figures.canvas import (
@@ -139,6 +140,8 @@ def retransmissions_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> 
             ax.set_ylabel("TCP segments retransmitted per round")
         names = in_order(rows["series"])
         handles, labels = series_handles(names, styles), [str(n) for n in names]
+    for ax in axes:
+        whole_segments(ax)
     legend_below(fig, axes, handles, labels)
     return save_figure(
         fig,
@@ -146,18 +149,26 @@ def retransmissions_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> 
         "retransmissions",
         "TCP retransmissions",
         "Segments retransmitted per round, summed over the server's and devices' namespaces "
-        "(brokers included; udp's own resends are not TCP's)."
-        + model_note(rows)
-        + " "
-        + reps_note(rows),
+        "(brokers included); none shown for a protocol whose data is not TCP's (udp, quic "
+        "resend by themselves)." + model_note(rows) + " " + reps_note(rows),
     )
 
 
+def whole_segments(ax: Any) -> None:
+    """A count's axis: from zero, whole numbers on the ticks, at least up to one (a single
+    segment in three rounds is a third per round, not a scale of thirds)."""
+    low, high = ax.get_ylim()
+    ax.set_ylim(bottom=min(0.0, low), top=max(1.0, high))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def breakdown_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> FigureFile | None:
-    """Communication time split into the wire (seconds) and encode / decode (milliseconds
+    """Communication time split into wire and wait (seconds) and encode / decode (milliseconds
     where they are small), per protocol."""
     rows = base_rows(frame, {"codec", "model"})
-    if rows.empty or rows[["encode_s", "wire_s", "decode_s"]].isna().all().all():
+    parts = ["encode_s", "wait_s", "wire_s", "decode_s"]
+    rows = rows.assign(**{p: float("nan") for p in parts if p not in rows})  # older tables
+    if rows.empty or rows[parts].isna().all().all():
         return None
     rows = with_setting(rows)
     series_of = dict(zip(rows["setting"], rows["series"], strict=False))
@@ -166,29 +177,39 @@ def breakdown_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> Figure
     fig, grid = plt.subplots(
         len(models), 2, figsize=(2 * width, PANEL_HEIGHT * len(models)), squeeze=False
     )
-    wire_scale, wire_unit = time_unit(rows["wire_s"], rows["lower_bound_s"])
+    wire_scale, wire_unit = time_unit(rows["wire_s"], rows["wait_s"], rows["lower_bound_s"])
     cpu_scale, cpu_unit = time_unit(rows["encode_s"], rows["decode_s"])
-    cpu = rows.melt(
-        id_vars=[c for c in ("model", "setting", "run", "key", "round") if c in rows],
-        value_vars=["encode_s", "decode_s"],
-        var_name="part",
-        value_name="seconds",
-    )
-    cpu["part"] = cpu["part"].str.removesuffix("_s")
+    ids = [c for c in ("model", "setting", "run", "key", "round") if c in rows]
 
-    def by_setting(setting: Any, _: Any) -> dict[str, Any]:
-        return bar_style(styles[series_of[setting]])
+    def long(values: list[str]) -> pd.DataFrame:
+        melted = rows.melt(
+            id_vars=[*ids, "lower_bound_s"],
+            value_vars=values,
+            var_name="part",
+            value_name="seconds",
+        )
+        melted["part"] = melted["part"].str.removesuffix("_s")
+        # the bound is the wire's: no bar across the wait
+        melted.loc[melted["part"] != "wire", "lower_bound_s"] = float("nan")
+        return melted
+
+    link, cpu = long(["wire_s", "wait_s"]), long(["encode_s", "decode_s"])
 
     def by_part(setting: Any, part: Any) -> dict[str, Any]:
-        return bar_style(styles[series_of[setting]], second=part == "decode")
+        return bar_style(styles[series_of[setting]], second=part in ("wait", "decode"))
 
     for (ax_wire, ax_cpu), model in zip(grid, models, strict=True):
-        mine = rows[rows["model"] == model]
-        mine = mine.assign(one="wire")
         grouped_bars(
-            ax_wire, mine, "setting", "one", "wire_s", by_setting, "lower_bound_s", wire_scale
+            ax_wire,
+            link[link["model"] == model],
+            "setting",
+            "part",
+            "seconds",
+            by_part,
+            "lower_bound_s",
+            wire_scale,
         )
-        ax_wire.set_ylabel(f"on the wire and in queues ({wire_unit})")
+        ax_wire.set_ylabel(f"wire and wait ({wire_unit})")
         ax_wire.set_title("wire" + (f", {model}" if len(models) > 1 else ""))
         ax_cpu.set_title("encode and decode" + (f", {model}" if len(models) > 1 else ""))
         part = cpu[cpu["model"] == model]
@@ -198,15 +219,20 @@ def breakdown_figure(frame: pd.DataFrame, out_dir: Path, styles: dict) -> Figure
             rotate_long_ticks(ax)
     grey = Style("#666666", "o", "-")
     handles = [Patch(**patch_style(grey)), Patch(**patch_style(grey, True)), bound_handle()]
-    labels = ["encode", "decode", BOUND_LABEL]
+    labels = ["left: wire, right: encode", "left: wait, right: decode", BOUND_LABEL]
     legend_below(fig, list(grid.flat), handles, labels)
     return save_figure(
         fig,
         out_dir,
         "breakdown",
-        "Where the communication time goes: encode / wire / decode",
+        "Where the communication time goes: encode / wait / wire / decode",
         "Per round, summed like the communication time, per protocol (its colour). Left: "
-        "the time on the wire and in queues, black: the lower bound. Right, "
-        f"in {'milliseconds' if cpu_unit == 'ms' else 'seconds'}: the senders' encoding "
-        "(solid) and the receivers' decoding (hatched)." + model_note(rows) + " " + reps_note(rows),
+        "wire (solid), a message's first byte arriving to its last, decoding left out; "
+        "black: its lower bound; wait (hatched), the end of encoding to the first byte "
+        "arriving (queues, fan-out, broker, delay). Right, "
+        f"in {'milliseconds' if cpu_unit == 'ms' else 'seconds'}: the senders' CPU encoding "
+        "(solid) and the receivers' CPU decoding (hatched), waiting for bytes left out."
+        + model_note(rows)
+        + " "
+        + reps_note(rows),
     )

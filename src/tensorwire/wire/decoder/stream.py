@@ -138,8 +138,10 @@ class MessageStream:
             raise ValueError(f"advance({n}) is more than the view next_buffer() gave")
         if self._pos == 0 and self._phase == _PREFIX:
             self._t_first = time.perf_counter()
-        if self._hasher is not None:
+        if self._hasher is not None:  # checksumming is decoding work: timed as such
+            t = time.perf_counter()
             self._hasher.update(self._dst[self._pos : self._pos + n])
+            self._decode_s += time.perf_counter() - t
         self._pos += n
         if self._pos == len(self._dst):
             self._step()
@@ -310,10 +312,10 @@ class MessageStream:
     def _finish_whole(self) -> None:
         """A message read into a buffer of its own is in: decode it (a bad one is skipped)."""
         try:
-            msg = decode_whole(
+            msg = decode_whole(  # decode_s from now: the wait for its bytes is not decoding
                 self._dst,
                 self._prefix,
-                self._t_first,
+                time.perf_counter(),
                 self.limits,
                 self.codec_lookup,
                 None,
