@@ -114,6 +114,18 @@ def test_any_array_layout_is_sampled(array: np.ndarray) -> None:
     np.testing.assert_array_equal(chain[0].decode(chain[0].encode(raw)), raw)
 
 
+def test_the_first_measured_bandwidth_replaces_the_guess_and_later_ones_blend() -> None:
+    auto = AutoCodec()  # no bandwidth given: 1e9 B/s guessed until a send measures the link
+    assert auto.bandwidth == 1e9
+    auto.update_bandwidth(2e6)  # a 3G-like link, measured once
+    assert auto.bandwidth == 2e6
+    auto.update_bandwidth(4e6)
+    assert auto.bandwidth == pytest.approx(3e6)
+    told = AutoCodec(bandwidth=1e9)  # a bandwidth the caller gave is no guess: blended
+    told.update_bandwidth(2e6)
+    assert told.bandwidth == pytest.approx(5.01e8)
+
+
 def test_bandwidth_can_be_set_and_fed() -> None:
     auto = AutoCodec(bandwidth=1e9)
     auto.update_bandwidth(5e8)

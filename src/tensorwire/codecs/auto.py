@@ -42,6 +42,8 @@ from tensorwire.errors import CodecConfigError
 
 REWEIGH = 0.05
 """A stream's choice is re-weighed once the bandwidth moved by more than this fraction."""
+ASSUMED_BANDWIDTH = 1e9
+"""Bytes per second assumed of a link until a send measures it (a fast LAN: raw wins)."""
 TIE_MARGIN = 0.5
 """An earlier option (raw, then the candidates cheapest first) is kept unless a later one
 is faster by more than this fraction of the two's codec seconds: timing noise on a busy
@@ -107,7 +109,7 @@ class AutoCodec:
 
     def __init__(
         self,
-        bandwidth: float = 1e9,
+        bandwidth: float | None = None,
         candidates: Sequence[Codec] | None = None,
         min_size: int = 64 << 10,
         min_saving: float = 0.10,
@@ -117,7 +119,9 @@ class AutoCodec:
         max_streams: int = MAX_STREAMS,
         tie_margin: float = TIE_MARGIN,
     ) -> None:
-        self.bandwidth = bandwidth
+        self.bandwidth = ASSUMED_BANDWIDTH if bandwidth is None else bandwidth
+        # None: a guess until the first measurement, which then replaces it (not blended)
+        self._guessed = bandwidth is None
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
             raise CodecConfigError(f"min_size must be an int >= 0 (bytes), got {min_size!r}")
         if not 0.0 <= min_saving < 1.0:
@@ -145,12 +149,16 @@ class AutoCodec:
     @bandwidth.setter
     def bandwidth(self, bytes_per_second: float) -> None:
         self._bandwidth = _check_bandwidth(bytes_per_second)
+        self._guessed = False
 
     def update_bandwidth(self, bytes_per_second: float, weight: float = 0.5) -> None:
-        """Blend a measured throughput (bytes/s) into ``bandwidth`` with ``weight`` in (0, 1]."""
+        """Blend a measured throughput (bytes/s) into ``bandwidth`` with ``weight`` in (0, 1];
+        the first measurement replaces the guess made when no ``bandwidth`` was given."""
         measured = _check_bandwidth(bytes_per_second)
         if not 0.0 < weight <= 1.0:
             raise CodecConfigError(f"weight must be in (0, 1], got {weight!r}")
+        if self._guessed:
+            weight, self._guessed = 1.0, False
         self._bandwidth = (1.0 - weight) * self._bandwidth + weight * measured
 
     def candidates_for(self, itemsize: int) -> list[Codec]:
