@@ -83,8 +83,7 @@ class TensorwireListener(BaseListener):
     def stop(self) -> None:
         server, self.server = self.server, None
         if server is not None:
-            server.close()
-        self.abort_handshaking_comms()
+            server.close()  # stops accepting; established comms stay open (as Dask's tcp)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _tune(writer)

@@ -79,7 +79,7 @@ class TensorwireComm(Comm):
         self._writer: asyncio.StreamWriter | None = writer
         self._local_addr = local_addr
         self._peer_addr = peer_addr
-        self._write_lock = asyncio.Lock()
+        self._measuring: set[asyncio.Future[None]] = set()
         self.codecs = comm_codec()
         self.limits = comm_limits()
 
@@ -143,24 +143,34 @@ class TensorwireComm(Comm):
             enc = await asyncio.to_thread(encode_message, tensors, codecs=self.codecs)
         else:
             enc = encode_message(tensors, codecs=self.codecs)
-        async with self._write_lock:
-            writer = self._writer
-            if writer is None:
-                raise CommClosedError(f"{self!r} is closed")
-            try:
-                started = time.perf_counter()
-                writer.writelines(enc.frames())
-                await writer.drain()
-                wire_s = time.perf_counter() - started
-            except (ConnectionError, OSError) as e:
-                self.abort()
-                raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
-            except BaseException:
-                self.abort()
-                raise
-        if isinstance(self.codecs, AutoCodec) and enc.nbytes >= MEASURE_BYTES and wire_s > 0:
-            self.codecs.update_bandwidth(enc.nbytes / wire_s)
+        writer = self._writer
+        if writer is None:
+            raise CommClosedError(f"{self!r} is closed")
+        try:
+            # like Dask's tcp comm, queue the bytes and return: a write does not wait for
+            # the peer to read (both sides may write a big message before either reads)
+            writer.writelines(enc.frames())
+        except (ConnectionError, OSError) as e:
+            self.abort()
+            raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
+        except BaseException:
+            self.abort()
+            raise
+        if isinstance(self.codecs, AutoCodec) and enc.nbytes >= MEASURE_BYTES:
+            task = asyncio.ensure_future(self._measure(writer, enc.nbytes, time.perf_counter()))
+            self._measuring.add(task)
+            task.add_done_callback(self._measuring.discard)
         return enc.nbytes
+
+    async def _measure(self, writer: asyncio.StreamWriter, nbytes: int, started: float) -> None:
+        """Feed the time the kernel took to accept a big message into ``auto``'s bandwidth."""
+        try:
+            await writer.drain()
+        except (ConnectionError, OSError):
+            return  # the next read or write says so
+        seconds = time.perf_counter() - started
+        if seconds > 0 and isinstance(self.codecs, AutoCodec):
+            self.codecs.update_bandwidth(nbytes / seconds)
 
     async def close(self) -> None:
         writer, self._writer = self._writer, None
