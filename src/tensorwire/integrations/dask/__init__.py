@@ -11,4 +11,10 @@ from tensorwire.integrations.dask.backend import (
 )
 from tensorwire.integrations.dask.comm import TensorwireComm
 
-__all__ = ["SCHEME", "TensorwireBackend", "TensorwireComm", "TensorwireConnector", "TensorwireListener"]
+__all__ = [
+    "SCHEME",
+    "TensorwireBackend",
+    "TensorwireComm",
+    "TensorwireConnector",
+    "TensorwireListener",
+]

@@ -38,7 +38,9 @@ def _tune(writer: asyncio.StreamWriter) -> None:
 
 
 class TensorwireConnector(Connector):
-    async def connect(self, address: str, deserialize: bool = True, **kwargs: Any) -> TensorwireComm:
+    async def connect(
+        self, address: str, deserialize: bool = True, **kwargs: Any
+    ) -> TensorwireComm:
         host, port = parse_host_port(address)
         try:
             reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
@@ -88,7 +90,9 @@ class TensorwireListener(BaseListener):
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _tune(writer)
         peer = _socket_address(writer, "peername")
-        comm = TensorwireComm(reader, writer, _socket_address(writer, "sockname"), peer, self.deserialize)
+        comm = TensorwireComm(
+            reader, writer, _socket_address(writer, "sockname"), peer, self.deserialize
+        )
         comm.allow_offload = self.allow_offload
         if self.server is None:  # stopped between accept and here: nobody would handshake
             comm.abort()

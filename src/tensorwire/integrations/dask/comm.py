@@ -49,7 +49,9 @@ def frames_to_tensors(frames: list[Any]) -> dict[str, np.ndarray]:
         mv = memoryview(frame)
         if not mv.contiguous:
             mv = memoryview(mv.tobytes())
-        out[str(i)] = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
+        out[str(i)] = np.frombuffer(
+            mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8
+        )
     return out
 
 
@@ -135,7 +137,11 @@ class TensorwireComm(Comm):
             allow_offload=self.allow_offload,
             serializers=serializers,
             on_error=on_error,
-            context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
+            context={
+                "sender": self.local_info,
+                "recipient": self.remote_info,
+                **self.handshake_options,
+            },
         )
         tensors = frames_to_tensors(frames)
         raw = sum(t.nbytes for t in tensors.values())
