@@ -18,20 +18,23 @@ from distributed.comm.core import BaseListener, CommClosedError, Connector
 from distributed.comm.registry import Backend
 from distributed.utils import ensure_ip, get_ip
 
-from tensorwire.integrations.dask.comm import TensorwireComm
+from tensorwire.integrations.dask.comm import TensorwireComm, comm_limits
+from tensorwire.integrations.dask.protocol import MessageProtocol
 
 SCHEME = "tensorwire+tcp"
 PREFIX = SCHEME + "://"
 logger = logging.getLogger(__name__)
 
 
-def _socket_address(writer: asyncio.StreamWriter, which: str) -> str:
-    host, port = writer.get_extra_info(which)[:2]
+def _socket_address(transport: asyncio.BaseTransport | None, which: str) -> str:
+    assert transport is not None
+    host, port = transport.get_extra_info(which)[:2]
     return PREFIX + unparse_host_port(host, port)
 
 
-def _tune(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
+def _tune(transport: asyncio.BaseTransport | None) -> None:
+    assert transport is not None
+    sock = transport.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -42,18 +45,17 @@ class TensorwireConnector(Connector):
         self, address: str, deserialize: bool = True, **kwargs: Any
     ) -> TensorwireComm:
         host, port = parse_host_port(address)
+        loop = asyncio.get_running_loop()
+        limits = comm_limits()
         try:
-            reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+            transport, protocol = await loop.create_connection(
+                lambda: MessageProtocol(limits), host, port
+            )
         except OSError as e:
             raise CommClosedError(f"tensorwire: cannot connect to {address}: {e}") from e
-        _tune(writer)
-        return TensorwireComm(
-            reader,
-            writer,
-            _socket_address(writer, "sockname"),
-            PREFIX + address,
-            deserialize,
-        )
+        _tune(transport)
+        local = _socket_address(transport, "sockname")
+        return TensorwireComm(protocol, local, PREFIX + address, deserialize)
 
 
 class TensorwireListener(BaseListener):
@@ -75,10 +77,13 @@ class TensorwireListener(BaseListener):
         self.allow_offload = allow_offload
         self.server: asyncio.Server | None = None
         self._bound: tuple[str, int] | None = None
+        self._handling: set[asyncio.Future[None]] = set()
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(
-            self._handle, self.ip or None, self.port, limit=1 << 20
+        limits = comm_limits()
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: MessageProtocol(limits, self._made), self.ip or None, self.port
         )
         self._bound = self.server.sockets[0].getsockname()[:2]
 
@@ -87,12 +92,17 @@ class TensorwireListener(BaseListener):
         if server is not None:
             server.close()  # stops accepting; established comms stay open (as Dask's tcp)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _tune(writer)
-        peer = _socket_address(writer, "peername")
-        comm = TensorwireComm(
-            reader, writer, _socket_address(writer, "sockname"), peer, self.deserialize
-        )
+    def _made(self, protocol: MessageProtocol) -> None:
+        task = asyncio.ensure_future(self._handle(protocol))
+        self._handling.add(task)
+        task.add_done_callback(self._handling.discard)
+
+    async def _handle(self, protocol: MessageProtocol) -> None:
+        transport = protocol.transport
+        _tune(transport)
+        peer = _socket_address(transport, "peername")
+        local = _socket_address(transport, "sockname")
+        comm = TensorwireComm(protocol, local, peer, self.deserialize)
         comm.allow_offload = self.allow_offload
         if self.server is None:  # stopped between accept and here: nobody would handshake
             comm.abort()

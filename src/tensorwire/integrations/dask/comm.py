@@ -21,13 +21,15 @@ from distributed.comm.utils import from_frames, to_frames
 
 from tensorwire.codecs import AutoCodec, resolve_codecs
 from tensorwire.errors import WireError
-from tensorwire.wire import PREFIX_SIZE, Limits, decode_message, encode_message
-from tensorwire.wire.format import parse_prefix
+from tensorwire.integrations.dask.protocol import MessageProtocol
+from tensorwire.wire import Limits, decode_message, encode_message
 
 OFFLOAD_BYTES = 4 << 20
 """Messages at least this big are encoded / decoded in a worker thread, not the event loop."""
 MEASURE_BYTES = 1 << 20
 """Sends at least this big feed their throughput into an ``auto`` selector's bandwidth."""
+JOIN_BYTES = 1 << 20
+"""Messages under this size are joined into one buffer and written with one send()."""
 CONFIG = "distributed.comm.tensorwire"
 
 
@@ -70,20 +72,18 @@ class TensorwireComm(Comm):
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        protocol: MessageProtocol,
         local_addr: str,
         peer_addr: str,
         deserialize: bool = True,
     ) -> None:
         super().__init__(deserialize=deserialize)
-        self._reader = reader
-        self._writer: asyncio.StreamWriter | None = writer
+        self._protocol = protocol
+        self._writer: asyncio.Transport | None = protocol.transport
         self._local_addr = local_addr
         self._peer_addr = peer_addr
         self._measuring: set[asyncio.Future[None]] = set()
         self.codecs = comm_codec()
-        self.limits = comm_limits()
 
     @property
     def local_address(self) -> str:
@@ -100,16 +100,14 @@ class TensorwireComm(Comm):
         if self._writer is None:
             raise CommClosedError(f"{self!r} is closed")
         try:
-            prefix_bytes = await self._reader.readexactly(PREFIX_SIZE)
-            prefix = parse_prefix(prefix_bytes, self.limits)
-            rest = await self._reader.readexactly(prefix.header_length + prefix.body_length)
-            whole = prefix_bytes + rest
+            whole = await self._protocol.read()
+            limits = self._protocol.limits
             if len(whole) >= OFFLOAD_BYTES:
-                msg = await asyncio.to_thread(decode_message, whole, limits=self.limits)
+                msg = await asyncio.to_thread(decode_message, whole, limits=limits)
             else:
-                msg = decode_message(whole, limits=self.limits)
+                msg = decode_message(whole, limits=limits)
             frames = tensors_to_frames(msg)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+        except (ConnectionError, OSError) as e:
             self.abort()
             raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
         except WireError as e:
@@ -155,7 +153,11 @@ class TensorwireComm(Comm):
         try:
             # like Dask's tcp comm, queue the bytes and return: a write does not wait for
             # the peer to read (both sides may write a big message before either reads)
-            writer.writelines(enc.frames())
+            if enc.nbytes < JOIN_BYTES:  # one send() for a small message
+                writer.write(b"".join(enc.frames()))
+            else:  # each frame kept as is (writelines would join them: a copy)
+                for frame in enc.frames():
+                    writer.write(frame)
         except (ConnectionError, OSError) as e:
             self.abort()
             raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
@@ -163,15 +165,15 @@ class TensorwireComm(Comm):
             self.abort()
             raise
         if isinstance(self.codecs, AutoCodec) and enc.nbytes >= MEASURE_BYTES:
-            task = asyncio.ensure_future(self._measure(writer, enc.nbytes, time.perf_counter()))
+            task = asyncio.ensure_future(self._measure(enc.nbytes, time.perf_counter()))
             self._measuring.add(task)
             task.add_done_callback(self._measuring.discard)
         return enc.nbytes
 
-    async def _measure(self, writer: asyncio.StreamWriter, nbytes: int, started: float) -> None:
+    async def _measure(self, nbytes: int, started: float) -> None:
         """Feed the time the kernel took to accept a big message into ``auto``'s bandwidth."""
         try:
-            await writer.drain()
+            await self._protocol.drain()
         except (ConnectionError, OSError):
             return  # the next read or write says so
         seconds = time.perf_counter() - started
@@ -185,12 +187,11 @@ class TensorwireComm(Comm):
         try:
             if writer.can_write_eof():
                 writer.write_eof()
-            writer.close()
-            await writer.wait_closed()
         except (ConnectionError, OSError):
             pass
+        writer.close()  # sends what is queued, then closes
 
     def abort(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.transport.abort()
+            writer.abort()
