@@ -163,3 +163,26 @@ def test_flood_of_connections_and_messages_is_served_in_bounded_time(tw_backend:
         listener.stop()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_large_declared_size_allocates_only_what_arrives() -> None:
+    import numpy as np
+
+    from tensorwire.integrations.dask.protocol import FIRST_BYTES, MessageProtocol
+    from tensorwire.wire import Limits
+
+    proto = MessageProtocol(Limits())
+    whole = bytearray(encode_message({"0": np.ones(64, "u1")}).to_bytes())
+    struct.pack_into("<Q", whole, 16, 8 << 30)  # the prefix now declares an 8 GiB body
+
+    def feed(data: bytes) -> None:
+        while data:
+            buf = proto.get_buffer(-1)
+            n = min(len(buf), len(data))
+            buf[:n] = data[:n]
+            proto.buffer_updated(n)
+            data = data[n:]
+
+    feed(bytes(whole))  # the prefix and about 100 bytes more, then nothing
+    assert len(proto.get_buffer(-1)) + len(whole) <= FIRST_BYTES  # 16 MiB held, not 8 GiB
+    assert not proto._messages
