@@ -1,0 +1,121 @@
+"""An asyncio protocol that receives whole tensorwire messages straight into their buffers.
+
+The kernel writes each message's bytes into one bytearray (``BufferedProtocol.get_buffer``),
+sized from the message's 24-byte prefix once that is checked against the limits: no copy
+out of a stream buffer. The buffer grows with what has arrived (up to the declared size), so
+a prefix that declares much and sends little costs little. At most ``QUEUED`` whole messages
+wait to be read; past that the socket is not read (backpressure to the sender).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from tensorwire.errors import WireError
+from tensorwire.wire import PREFIX_SIZE, Limits
+from tensorwire.wire.format import parse_prefix
+
+FIRST_BYTES = 16 << 20
+"""A message's buffer starts at most this big and doubles as its bytes arrive."""
+QUEUED = 8
+
+
+class MessageProtocol(asyncio.BufferedProtocol):
+    def __init__(
+        self, limits: Limits, on_made: Callable[[MessageProtocol], object] | None = None
+    ) -> None:
+        self.limits = limits
+        self.on_made = on_made
+        self.transport: asyncio.Transport | None = None
+        self._messages: deque[bytearray] = deque()
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused: asyncio.Future[None] | None = None
+        self._new_message()
+
+    def _new_message(self) -> None:
+        self._buf = bytearray(PREFIX_SIZE)
+        self._got = 0
+        self._total = 0  # 0: reading the prefix
+
+    # asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self.on_made is not None:
+            self.on_made(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self._buf)[self._got :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._got += nbytes
+        if self._got < len(self._buf):
+            return
+        if self._total == 0:
+            try:
+                prefix = parse_prefix(self._buf, self.limits)
+            except WireError as e:
+                self._fail(e)
+                return
+            self._total = PREFIX_SIZE + prefix.header_length + prefix.body_length
+        if self._got < self._total:  # grow toward the declared size as bytes arrive
+            bigger = bytearray(min(self._total, max(FIRST_BYTES, 2 * len(self._buf))))
+            bigger[: self._got] = self._buf
+            self._buf = bigger
+            return
+        self._messages.append(self._buf)
+        self._new_message()
+        if len(self._messages) >= QUEUED and self.transport is not None:
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._fail(ConnectionResetError("the peer closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("connection closed"))
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._paused is None or self._paused.done():
+            self._paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    # used by the comm
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        if self.transport is not None:
+            self.transport.abort()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def read(self) -> bytearray:
+        """The next whole message's bytes; the error that ended the connection after that."""
+        while not self._messages:
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        msg = self._messages.popleft()
+        if len(self._messages) == QUEUED - 1 and self.transport is not None:
+            self.transport.resume_reading()
+        return msg
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is below its high-water mark."""
+        if self._paused is not None and not self._paused.done():
+            await self._paused
+        if self._error is not None:
+            raise ConnectionResetError(str(self._error))
