@@ -145,3 +145,25 @@ def test_bandwidth_can_be_set_and_fed() -> None:
         AutoCodec(min_saving=1.0)
     with pytest.raises(CodecConfigError, match="min_size"):
         AutoCodec(min_size=-1)
+
+
+def test_an_auto_endpoint_imports_its_codec_libraries_in_the_background() -> None:
+    """The first message does not pay for blosc2's import (~0.3 s): making an AutoCodec
+    starts it in a thread, once per process; ``import tensorwire`` alone imports nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tensorwire\n"
+        "before = 'blosc2' in sys.modules\n"
+        "from tensorwire.codecs import resolve_codecs\n"
+        "from tensorwire.codecs.auto import warm_up_codec_libraries\n"
+        "resolve_codecs('auto'); resolve_codecs('auto')\n"
+        "thread = warm_up_codec_libraries()\n"
+        "thread.join(60)\n"
+        "print(before, thread.name, 'blosc2' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["False", "tensorwire-codec-warm-up", "True"], done.stdout

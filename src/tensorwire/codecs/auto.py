@@ -87,6 +87,30 @@ class CodecEstimate:
         return self.encode_seconds + self.wire_seconds + self.decode_seconds
 
 
+_WARMUP = threading.Lock()
+_warmed: list[threading.Thread] = []  # the one warm-up thread of this process, once started
+
+
+def _import_codec_libraries() -> None:
+    from tensorwire.codecs.blosc2 import _blosc2
+
+    _blosc2()
+
+
+def warm_up_codec_libraries() -> threading.Thread:
+    """Import the candidates' libraries (blosc2 takes about 0.3 s) in a background thread,
+    once per process, so that the first message an ``auto`` endpoint sends does not pay for
+    them (``import tensorwire`` stays light). Returns that thread."""
+    with _WARMUP:
+        if not _warmed:
+            thread = threading.Thread(
+                target=_import_codec_libraries, name="tensorwire-codec-warm-up", daemon=True
+            )
+            thread.start()
+            _warmed.append(thread)
+        return _warmed[0]
+
+
 class AutoCodec:
     """A codec selector that sends each tensor raw or with the codec that is fastest overall.
 
@@ -119,6 +143,7 @@ class AutoCodec:
         max_streams: int = MAX_STREAMS,
         tie_margin: float = TIE_MARGIN,
     ) -> None:
+        warm_up_codec_libraries()
         self.bandwidth = ASSUMED_BANDWIDTH if bandwidth is None else bandwidth
         # None: a guess until the first measurement, which then replaces it (not blended)
         self._guessed = bandwidth is None
