@@ -103,11 +103,11 @@ def test_the_report_lists_the_network_load_only_with_network_stress():
     assert "network_mbit" not in shown_settings({"experiment": {"stress": "cpu"}})
 
 
-def test_the_quick_run_estimate_is_within_one_and_a_half_times_the_runs_here():
-    from tensorwire.bench.fl import protocol_problem
+QUICK_RUNS_PROTOCOLS = ("tcp", "zmq", "udp", "amqp", "mqtt", "flight", "quic")  # QUICK_RUNS_S's
 
-    quick = Matrix.quick()
-    ran = tuple(p for p in quick.protocols if protocol_problem(p) is None)
-    estimate = estimate_seconds(dataclasses.replace(quick, protocols=ran), cores=2)
+
+def test_the_quick_run_estimate_is_within_one_and_a_half_times_the_runs_here():
+    quick = Matrix.quick()  # with the protocols those runs ran (ucx's extra adds one here)
+    estimate = estimate_seconds(dataclasses.replace(quick, protocols=QUICK_RUNS_PROTOCOLS), cores=2)
     for measured in QUICK_RUNS_S:
         assert measured / 1.5 <= estimate <= measured * 1.5, (estimate, measured)

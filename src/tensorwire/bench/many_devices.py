@@ -74,17 +74,17 @@ class _TimedEngine(LocalEngine):
 def _serving_url(protocol: str, devices: int) -> Iterator[tuple[str, int | None]]:
     """A URL to serve ``protocol`` on here, and the private broker's pid (if any)."""
     from tensorwire.transports import local_hub_url
+    from tensorwire.transports.brokers import MosquittoBroker
     from tensorwire.transports.registry import get_transport
 
     entry = get_transport(protocol)
-    if entry.broker is not None and entry.name != "mqtt":
+    kind = entry.broker_kind()
+    if kind is not None and kind.load("server") is not MosquittoBroker:
         raise ValueError(
-            f"fl scale starts a broker of its own for mqtt only; {protocol} would load the "
-            f"machine's {entry.broker}"
+            f"fl scale starts a broker of its own for Mosquitto's transports only; {protocol} "
+            f"would load the machine's {entry.broker}"
         )
-    if entry.broker is not None:
-        from tensorwire.transports.brokers import MosquittoBroker
-
+    if kind is not None:
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if limit != resource.RLIM_INFINITY and limit < FD_PER_DEVICE * devices + BROKER_SPARE:
             raise RuntimeError(

@@ -10,6 +10,11 @@ session key seals every byte after the welcome in the tcp transport's AEAD recor
 (:mod:`.records`). Needs ``pip install 'tensorwire[ucx]'`` (``docs/transports/ucx.md``).
 """
 
+from importlib.util import find_spec
+
+if find_spec("ucxx") is None:  # imported on first use; its absence is told when the scheme loads
+    raise ModuleNotFoundError("No module named 'ucxx'", name="ucxx")
+
 from tensorwire.transports.ucx.channel import UcxChannel
 from tensorwire.transports.ucx.hub import UcxHub
 
