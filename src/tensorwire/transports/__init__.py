@@ -82,7 +82,8 @@ def serve(
         id such as ``"zstd"``, or a chain.
     :param checksum: per-tensor xxh3-64 digests on what the hub sends.
     :param limits: what the hub accepts (message and header sizes, tensors per message).
-    :param timeout: seconds to wait for a handshake (``timeouts=`` a :class:`Timeouts`).
+    :param timeout: seconds a broker hub keeps dialling its broker (``timeouts=`` a
+        :class:`Timeouts` sets that and the default wait of calls).
     :param tls: certificates (``tensorwire.TLS(cert=, key=, ca=)``); with ``auth`` (the
         enrolled keys, ``tensorwire.Keys.load(...)``) only enrolled clients get in, and all
         traffic is encrypted. The URL options ``?cert=&certkey=&ca=&keys=`` do the same.
@@ -132,7 +133,8 @@ def connect(
     :param codec: as for :func:`serve`.
     :param checksum: per-tensor xxh3-64 digests on what the channel sends.
     :param limits: what the channel accepts.
-    :param timeout: seconds to go on trying to reach the hub (it may not be up yet).
+    :param timeout: seconds to go on trying to reach the hub (it may not be up yet;
+        ``timeouts=`` a :class:`Timeouts` sets that and the default wait of calls).
     :param tls: ``tensorwire.TLS(ca=...)`` (with ``cert``/``key`` for mutual TLS).
     :param key: the client's enrolled secret (bytes, hex, or a file of hex). The URL options
         ``?ca=&cert=&certkey=&secret=`` do the same.
