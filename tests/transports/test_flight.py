@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import (
@@ -30,15 +31,6 @@ from tensorwire.transports.url import host_port
 from tensorwire.wire import encode_message
 
 T = 20.0
-
-
-def _until(cond, timeout=T) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture
@@ -134,8 +126,8 @@ def test_batch_of_another_schema_ends_the_session_with_a_wire_error(hub):
     evil = _raw_session(hub.url, "evil", schema=ints.schema)
     hub.wait_for(2, timeout=T)
     evil.up.write_batch(ints)
-    assert _until(lambda: hub.errors)
-    assert _until(lambda: "evil" in reasons) and "not a tensorwire message" in reasons["evil"]
+    assert until(lambda: hub.errors)
+    assert until(lambda: "evil" in reasons) and "not a tensorwire message" in reasons["evil"]
     assert isinstance(hub.errors[0][1], WireError) and hub.clients == ["good"]
     good.send({"v": np.arange(3)})
     assert hub.recv(timeout=T)[0] == "good"
@@ -175,8 +167,8 @@ def test_a_refused_hello_is_answered_with_the_reason(hub):
     hub.authenticate = refuse
     with pytest.raises(AuthenticationError, match="no token"):
         tensorwire.connect(hub.url, client_id="c", timeout=T)
-    assert _until(lambda: any(e.kind == "refused" for e in hub.events))  # reported after it answers
-    assert _until(lambda: hub._handshakes == 0)  # the uplink, opened beside the hello, ended too
+    assert until(lambda: any(e.kind == "refused" for e in hub.events))  # reported after it answers
+    assert until(lambda: hub._handshakes == 0)  # the uplink, opened beside the hello, ended too
     assert hub.clients == [] and [e.kind for e in hub.events] == ["refused"]  # one attempt, once
     assert "no token" in hub.events[0].reason
 
@@ -187,10 +179,10 @@ def test_an_uplink_naming_no_session_is_refused_when_it_hangs_up(hub):
     _writer, reader = client.do_exchange(
         flight.FlightDescriptor.for_path(*flight_options.UP, "nobody")
     )
-    assert _until(lambda: hub._handshakes == 1)  # the hub's end waits for the session
+    assert until(lambda: hub._handshakes == 1)  # the hub's end waits for the session
     t = time.monotonic()
     reader.cancel()
-    assert _until(lambda: any(e.kind == "refused" for e in hub.events))
+    assert until(lambda: any(e.kind == "refused" for e in hub.events))
     assert time.monotonic() - t < flight_options.HANDSHAKE_TIMEOUT / 2  # not the whole window
     client.close()
 
@@ -242,7 +234,7 @@ def test_client_whose_process_dies_leaves(hub):
     finally:
         proc.kill()
         proc.wait(timeout=T)
-    assert _until(lambda: "doomed" in reasons) and "connection broke" in reasons["doomed"]
+    assert until(lambda: "doomed" in reasons) and "connection broke" in reasons["doomed"]
     assert hub.clients == []
 
 
@@ -269,7 +261,7 @@ def test_sends_with_a_deadline_share_one_watchdog_thread(hub):
     mine = [t for t in threading.enumerate() if t.name == "tensorwire-flight-deadline-w"]
     assert len(mine) == 1 and threading.active_count() <= before + 1
     ch.close()
-    assert _until(lambda: not mine[0].is_alive())
+    assert until(lambda: not mine[0].is_alive())
 
 
 class _DeafHub(flight.FlightServerBase):
@@ -400,7 +392,7 @@ def test_an_uplink_from_another_certificate_does_not_attach(certs, monkeypatch):
         with pytest.raises(StopIteration):
             while True:  # the schema, then the end: no welcome
                 assert down.read_chunk().app_metadata is None
-        assert _until(lambda: any("no opening session" in e.reason for e in hub.events))
+        assert until(lambda: any("no opening session" in e.reason for e in hub.events))
         assert hub.clients == []
         for c in (owner, thief):
             c.close()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 
 import numpy as np
 import pytest
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import BadMagic, ChecksumMismatch
@@ -32,15 +32,6 @@ def _raw_client(hub: tensorwire.Hub, client_id: str) -> socket.socket:
     return sock
 
 
-def _until(cond, timeout=T) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_garbage_before_hello_is_refused_and_others_are_served(hub, caplog):
     good = tensorwire.connect(hub.url, client_id="good")
     hub.wait_for(1, timeout=T)
@@ -61,7 +52,7 @@ def test_joined_client_sending_garbage_is_dropped_with_reason(hub):
     evil = _raw_client(hub, "evil")
     hub.wait_for(2, timeout=T)
     evil.sendall(b"\xde\xad\xbe\xef" * 16)
-    assert _until(lambda: "evil" in reasons)
+    assert until(lambda: "evil" in reasons)
     assert "not a tensorwire message" in reasons["evil"]
     assert any(isinstance(e, BadMagic) for cid, e in hub.errors if cid == "evil")
     assert hub.clients == ["good"]

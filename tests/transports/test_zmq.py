@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from recording_proxy import RecordingProxy
-from waiting import until_inside
+from waiting import until, until_inside
 
 zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (extra 'zmq')")
 
@@ -48,15 +48,6 @@ def ctx():
     c = zmq.Context()
     yield c
     c.destroy(linger=0)
-
-
-def _until(cond, timeout=T) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _send_raw(sock, enc) -> None:
@@ -117,7 +108,7 @@ def test_garbage_from_an_unnamed_dealer_is_rejected_and_others_served(hub):
     try:
         hub.wait_for(1, timeout=T)
         _inject_garbage(hub.url, after_hello=False)
-        assert _until(lambda: len(hub.errors) >= 2)
+        assert until(lambda: len(hub.errors) >= 2)
         assert all(isinstance(e, WireError) for _, e in hub.errors)
         hub.send("good", {"v": np.arange(3)})
         assert np.array_equal(good.recv(timeout=T)["v"], np.arange(3))
@@ -274,7 +265,7 @@ def test_a_hello_on_a_routing_id_other_than_its_session_is_refused(hub, ctx):
     answer = _recv_raw(short)
     assert answer.kind == "refuse" and "routing id" in answer.meta["reason"]
     assert hub.clients == []
-    assert _until(lambda: sum(e.kind == "refused" for e in hub.events) == 2)
+    assert until(lambda: sum(e.kind == "refused" for e in hub.events) == 2)
 
 
 def test_unfinished_messages_of_strangers_are_bounded(hub, ctx):
@@ -284,7 +275,7 @@ def test_unfinished_messages_of_strangers_are_bounded(hub, ctx):
         sock = _raw_client(ctx, hub, "x", hello=False)
         sock.send_multipart([START + hello[:30]])  # the start of a hello, never finished
         socks.append(sock)
-    assert _until(lambda: any("too many strangers" in str(e) for _, e in hub.errors))
+    assert until(lambda: any("too many strangers" in str(e) for _, e in hub.errors))
     assert len(hub._strangers) <= MAX_STRANGERS
     good = tensorwire.connect(hub.url, client_id="good")
     try:
@@ -359,7 +350,7 @@ def test_a_stranger_that_reads_nothing_cannot_stall_the_hub(hub, ctx):
         data = encode_message({"v": np.zeros(2)}).to_bytes()
         for _ in range(2000):  # each is answered with a bye it never reads
             stranger.send_multipart([START + data])
-        assert _until(lambda: hub.errors.total >= 2000)
+        assert until(lambda: hub.errors.total >= 2000)
         t0 = time.monotonic()
         hub.send("good", {"v": np.arange(3)}, timeout=T)
         assert np.array_equal(good.recv(timeout=T)["v"], np.arange(3))
@@ -442,7 +433,7 @@ def test_a_client_without_curve_is_told_at_once(curve_hub, enrolment):
     with pytest.raises(AuthenticationError, match="CURVE"):
         tensorwire.connect(curve_hub.url, client_id="d1", key=enrolment.devices["d1"]["secret"])
     assert time.monotonic() - t < 10  # not the 30 s default timeout
-    assert _until(lambda: any(e.kind == "refused" for e in curve_hub.events))
+    assert until(lambda: any(e.kind == "refused" for e in curve_hub.events))
     # "it connected without CURVE", or, when the client saw the mismatch first and hung up,
     # "it closed the connection during the ZMTP handshake (a client without CURVE ...?)"
     assert "without CURVE" in next(e.reason for e in curve_hub.events if e.kind == "refused")
@@ -463,7 +454,7 @@ def test_a_wrong_hub_key_is_an_authentication_error(curve_hub, enrolment):
             curve=enrolment.directory / "d2.curve",  # some other key pair's public key
             key=enrolment.devices["d1"]["secret"],
         )
-    assert _until(lambda: any("public key" in e.reason for e in curve_hub.events))
+    assert until(lambda: any("public key" in e.reason for e in curve_hub.events))
 
 
 def test_the_hub_key_is_found_beside_the_ca_and_hub_curve_is_a_fallback(
@@ -524,7 +515,7 @@ def test_the_same_credential_replaces_a_session_and_another_cannot(curve_hub, en
     first = tensorwire.connect(curve_hub.url, client_id="d1", **_secured(enrolment, "d1"))
     second = tensorwire.connect(curve_hub.url, client_id="d1", **_secured(enrolment, "d1"))
     try:
-        assert _until(lambda: any(e.kind == "replaced" for e in curve_hub.events))
+        assert until(lambda: any(e.kind == "replaced" for e in curve_hub.events))
         with pytest.raises(AuthenticationError, match="does not know its secret"):
             tensorwire.connect(
                 curve_hub.url,
@@ -577,7 +568,7 @@ def test_an_altered_message_is_never_delivered(curve_hub, proxy, enrolment):
         with pytest.raises(PeerGone):  # at once: libzmq would stall the connection instead
             ch.recv(timeout=T)
     with _through(proxy, enrolment, "d2") as ch:
-        assert _until(lambda: "d2" in curve_hub.clients)
+        assert until(lambda: "d2" in curve_hub.clients)
         proxy.flip_next("up")
         ch.send({"v": np.arange(1000)}, timeout=T)
         with pytest.raises(TransportTimeout):
@@ -590,13 +581,13 @@ def test_a_replayed_connection_is_refused(curve_hub, proxy, enrolment):
         curve_hub.wait_for(1, timeout=T)
         ch.send({"v": np.arange(4)}, timeout=T)
         curve_hub.recv(timeout=T)
-    assert _until(lambda: curve_hub.clients == [])
+    assert until(lambda: curve_hub.clients == [])
     refused = sum(e.kind == "refused" for e in curve_hub.events)
     replay = socket.create_connection(("127.0.0.1", int(curve_hub.url.rsplit(":", 1)[1])))
     try:
         replay.sendall(bytes(proxy.seen["up"]))  # the client's side of the whole connection
         # the CURVE handshake fails: the hub's per-connection cookie key is not the old one
-        assert _until(lambda: sum(e.kind == "refused" for e in curve_hub.events) > refused)
+        assert until(lambda: sum(e.kind == "refused" for e in curve_hub.events) > refused)
         with pytest.raises(TransportTimeout):
             curve_hub.recv(timeout=1)
         assert curve_hub.clients == []
@@ -678,10 +669,10 @@ def test_recv_reads_on_the_callers_thread_and_the_reader_takes_over_after(hub):
             t0 = time.monotonic()
             hub.wait_for(2, timeout=T)
             assert time.monotonic() - t0 < 2 + CALLER_LINGER_S
-            assert _until(lambda: "b" in on_thread)  # on_join runs just after the join
+            assert until(lambda: "b" in on_thread)  # on_join runs just after the join
             assert on_thread["b"] == hub._io.ident
             b.send({"v": np.arange(2)})
-            assert _until(lambda: len(hub._inbox) == 1)  # read without a recv call
+            assert until(lambda: len(hub._inbox) == 1)  # read without a recv call
             assert hub.recv(timeout=0)[0] == "b"
         finally:
             b.close()
@@ -704,7 +695,7 @@ def test_recv_with_timeout_zero_reads_what_arrived(hub):
                 return False
             return True
 
-        assert _until(poll)
+        assert until(poll)
         assert got[0][0] == "z"
 
 
@@ -802,7 +793,7 @@ def test_an_on_leave_that_raises_does_not_stop_the_hub(hub):
     gone = tensorwire.connect(hub.url, client_id="gone")
     hub.wait_for(1, timeout=T)
     gone._drop()  # no bye: the hub learns of it from its monitor
-    assert _until(lambda: hub.clients == [])
+    assert until(lambda: hub.clients == [])
     with tensorwire.connect(hub.url, client_id="next") as ch:
         hub.wait_for(1, timeout=T)
         ch.send({"v": np.arange(2)})
