@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from tensorwire.bench.fl.experiment import DONE, FAILED, run_experiment
 from tensorwire.bench.fl.feasibility import choose_testbed, skip_reasons
 from tensorwire.bench.fl_matrix import Matrix
@@ -95,7 +97,7 @@ def run_matrix(
         summary = RunSummary(out_dir=out_dir, label=run_label(testbed))
         summary.skipped = skip_reasons(matrix, testbed)
         for why, keys in _by_reason(summary.skipped).items():
-            say(f"[yellow]skip[/] {len(keys)} experiment(s) ({', '.join(keys)}): {why}")
+            say(f"[yellow]skip[/] {len(keys)} experiment(s) ({', '.join(keys)}): {escape(why)}")
         manifest_path = out_dir / "manifest.json"
         manifest_path.write_text(
             json.dumps(_run_manifest(matrix, testbed, summary, started), indent=2, default=str)
