@@ -21,6 +21,7 @@ import socket
 import ssl
 import struct
 import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -47,6 +48,34 @@ _LABELS = {
     False: b"tensorwire tcp records v1 client>hub",
 }
 _READ_AHEAD = 64 << 10
+
+
+def record_pieces(buffers: Iterable[Any], small_below: int = _READ_AHEAD) -> Iterator[Any]:
+    """The plaintext of each record that carries ``buffers``, in order, none empty: pieces
+    under ``small_below`` bytes share a record (up to RECORD_BYTES), larger ones are cut into
+    RECORD_BYTES slices of the caller's memory (no copy)."""
+    small: list[memoryview] = []
+    small_bytes = 0
+    for buf in buffers:
+        view = memoryview(buf).cast("B")
+        if not len(view):
+            continue
+        if len(view) < small_below and small_bytes + len(view) <= RECORD_BYTES:
+            small.append(view)
+            small_bytes += len(view)
+            continue
+        if small:
+            yield small[0] if len(small) == 1 else b"".join(small)
+            small, small_bytes = [], 0
+        if len(view) < small_below:
+            small, small_bytes = [view], len(view)
+            continue
+        for start in range(0, len(view), RECORD_BYTES):
+            yield view[start : start + RECORD_BYTES]
+    if small:
+        yield small[0] if len(small) == 1 else b"".join(small)
+
+
 """How far past what it needs one ``recv`` may read: enough for a burst of small records,
 little enough that a large record still lands in place."""
 
@@ -182,24 +211,8 @@ class TlsStream:
         """Seal and send every byte of ``buffers``: small pieces share a record, large ones are
         sealed straight from the caller's memory, 1 MiB at a time."""
         with self._wire:
-            small: list[memoryview] = []
-            small_bytes = 0
-            for buf in buffers:
-                view = memoryview(buf).cast("B")
-                if len(view) < _READ_AHEAD and small_bytes + len(view) <= RECORD_BYTES:
-                    small.append(view)
-                    small_bytes += len(view)
-                    continue
-                if small:
-                    self._send_record(b"".join(small), deadline)
-                    small, small_bytes = [], 0
-                if len(view) < _READ_AHEAD:
-                    small, small_bytes = [view], len(view)
-                    continue
-                for start in range(0, len(view), RECORD_BYTES):
-                    self._send_record(view[start : start + RECORD_BYTES], deadline)
-            if small:
-                self._send_record(small[0] if len(small) == 1 else b"".join(small), deadline)
+            for plain in record_pieces(buffers):
+                self._send_record(plain, deadline)
 
     def _send_record(self, plain: Any, deadline: float | None) -> None:
         assert self._seal is not None, "send before the TLS handshake"

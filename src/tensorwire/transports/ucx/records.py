@@ -22,10 +22,10 @@ from tensorwire.transports.sockets.tls_stream import (
     _TAG,
     RECORD_BYTES,
     _record_key,
+    record_pieces,
 )
 
 HEAD_BYTES = _RECORD_HEAD.size
-SMALL_BYTES = 64 << 10  # pieces smaller than this share a record
 
 
 class Records:
@@ -41,25 +41,9 @@ class Records:
         self._plain = bytearray(RECORD_BYTES)
 
     def seal(self, buffers: Iterable[Any]) -> list[bytearray]:
-        """The records that carry ``buffers``: small pieces share one, large ones are cut
-        into 1 MiB records."""
-        records: list[bytearray] = []
-        small: list[memoryview] = []
-        small_bytes = 0
-        for buf in buffers:
-            view = memoryview(buf).cast("B")
-            if len(view) < SMALL_BYTES and small_bytes + len(view) <= RECORD_BYTES:
-                small.append(view)
-                small_bytes += len(view)
-                continue
-            if small:
-                records.append(self._record(b"".join(small)))
-                small, small_bytes = [], 0
-            for start in range(0, len(view), RECORD_BYTES):
-                records.append(self._record(view[start : start + RECORD_BYTES]))
-        if small:
-            records.append(self._record(b"".join(small)))
-        return [r for r in records if len(r) > HEAD_BYTES + _TAG]
+        """The records that carry ``buffers`` (:func:`record_pieces`: small pieces share
+        one, large ones are cut into 1 MiB records)."""
+        return [self._record(plain) for plain in record_pieces(buffers)]
 
     def _record(self, plain: Any) -> bytearray:
         size = len(plain)
