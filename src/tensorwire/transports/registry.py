@@ -442,8 +442,8 @@ register_transport(
 )
 register_transport(
     "ucx",
-    f"{_T}.ucx.UcxHub",
-    f"{_T}.ucx.UcxChannel",
+    f"{_T}.ucx.hub.UcxHub",
+    f"{_T}.ucx.channel.UcxChannel",
     "ucx",
     baseline="ucxx_raw",
     baseline_target=0.9,

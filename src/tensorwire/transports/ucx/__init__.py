@@ -9,13 +9,3 @@ tensor is received in place (:mod:`.pipe`). UCX encrypts nothing: with ``auth=``
 session key seals every byte after the welcome in the tcp transport's AEAD records
 (:mod:`.records`). Needs ``pip install 'tensorwire[ucx]'`` (``docs/transports/ucx.md``).
 """
-
-from importlib.util import find_spec
-
-if find_spec("ucxx") is None:  # imported on first use; its absence is told when the scheme loads
-    raise ModuleNotFoundError("No module named 'ucxx'", name="ucxx")
-
-from tensorwire.transports.ucx.channel import UcxChannel
-from tensorwire.transports.ucx.hub import UcxHub
-
-__all__ = ["UcxChannel", "UcxHub"]

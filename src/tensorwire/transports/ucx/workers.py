@@ -12,8 +12,13 @@ import threading
 import time
 from typing import Any
 
+from importlib.util import find_spec
+
 from tensorwire.errors import MissingDependency, PeerGone, TransportTimeout
 from tensorwire.transports.ucx.settings import UcxSettings
+
+if find_spec("ucxx") is None:  # told when the scheme loads; ucxx itself is imported on first use
+    raise ModuleNotFoundError("No module named 'ucxx'", name="ucxx")
 
 SPINS = 200
 """Looks at a request before the waiting thread starts to sleep between looks."""
