@@ -10,9 +10,8 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import Any
-
 from importlib.util import find_spec
+from typing import Any
 
 from tensorwire.errors import MissingDependency, PeerGone, TransportTimeout
 from tensorwire.transports.ucx.settings import UcxSettings
