@@ -67,7 +67,11 @@ def frame() -> pd.DataFrame:
     return pd.DataFrame(_rows("tcp", 1.0) + _rows("udp", None))
 
 
-def test_the_terminal_table_names_its_sums_explains_the_bound_and_says_n_a(tmp_path, frame):
+def test_the_terminal_table_names_its_sums_explains_the_bound_and_says_n_a(
+    tmp_path, frame, monkeypatch
+):
+    # the width a terminal-less run gets (a narrower terminal folds headers over lines)
+    monkeypatch.setattr(console, "width", 160)
     frame.to_parquet(tmp_path / TABLE, index=False)
     (tmp_path / "manifest.json").write_text(json.dumps({"label": "netns 4g"}))
     with console.capture() as captured:

@@ -61,7 +61,8 @@ def test_a_quic_hub_builds_no_packets_for_idle_connections_while_one_is_busy():
         # an idle one at most for a late acknowledgement of its join (before: every turn,
         # as often as the busy one)
         assert max(idle) <= 2, (idle, calls["busy"].n)
-        assert calls["busy"].n >= MESSAGES  # the counting works: the busy one was served
+        # the counting works: the busy one was served, in as few turns as a loaded hub batches
+        assert calls["busy"].n > max(2, *idle), (idle, calls["busy"].n)
 
 
 def test_a_udp_hub_ticks_no_idle_flow_while_one_is_busy():
