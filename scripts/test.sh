@@ -8,4 +8,6 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check src tests
 .venv/bin/mypy                                   # files and settings: [tool.mypy] in pyproject.toml
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict   # the site, into build/site (not --quiet: it hides the warnings --strict fails on)
-exec .venv/bin/python -m pytest "$@"
+# 4 workers (TW_TEST_WORKERS; 0 runs serially): most tests wait on sockets, brokers and
+# namespaces, so 4 fit on 2 cores; tests/conftest.py keeps tests that share a fixture together
+exec .venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" --dist loadgroup "$@"

@@ -25,6 +25,7 @@ MARKED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("page", "index"),
     [pytest.param(p, i, id=f"{p.relative_to(DOCS)}-{i}") for p, i in MARKED],

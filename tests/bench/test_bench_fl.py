@@ -74,6 +74,7 @@ def _experiment_dirs(out: Path) -> list[Path]:
     return sorted((out / "experiments").iterdir())
 
 
+@pytest.mark.slow
 def test_run_directory_layout(run):
     out, _, protocols = run
     assert (out / "manifest.json").is_file()

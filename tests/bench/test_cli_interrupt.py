@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tensorwire.fl.checkpoint import CHECKPOINTS, STATE
 from tensorwire.fl.results import MANIFEST
 
@@ -47,6 +49,7 @@ def wait_for_checkpoint(out: Path, proc: subprocess.Popen[str], timeout: float =
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_fl_run_says_where_the_results_are_and_resume_finishes_the_run(tmp_path):
     out = tmp_path / "run"
     args = ["fl", "run", "--dataset", "synthetic", "--clients", "2", "--rounds", "3"]

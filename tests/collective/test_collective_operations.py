@@ -38,6 +38,7 @@ def test_every_operation_small(size: int) -> None:
     assert_identical(digests, size)
 
 
+@pytest.mark.slow
 def test_every_operation_small_and_large_on_4_ranks() -> None:
     digests = run("matrix", 4)
     assert "allreduce/mean/bfloat16/large" in digests

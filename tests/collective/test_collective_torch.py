@@ -35,6 +35,7 @@ def test_every_operation_matches_gloo_and_the_rest_are_refused_by_name(tmp_path)
             assert name.split()[0] in message or "PRODUCT" in message, message
 
 
+@pytest.mark.slow
 def test_ddp_over_tensorwire_follows_gloo_step_for_step(tmp_path):
     reports = run("ddp", 4, str(tmp_path / "store"), timeout=300)
     for rank, report in enumerate(reports):

@@ -43,7 +43,8 @@ CFG = dict(
 )
 SLACK = 20.0  # seconds past the deadline a round may take to end (evaluation, checkpoint)
 
-pytestmark = pytest.mark.slow
+# long tests, a 15 s fixture: each worker that takes one builds the fixture
+pytestmark = [pytest.mark.slow, pytest.mark.spread]
 
 T = TypeVar("T")
 
