@@ -31,7 +31,8 @@ def split_planes(block: memoryview, typesize: int) -> np.ndarray:
     words = _words(block, typesize)
     planes = np.empty((typesize, words.size), dtype=np.uint8)
     # Byte k of the rotated element is bits 8k-1 .. 8k+6 of the element (byte 0: its top
-    # bit, then bits 0 .. 6): shifts that truncate into each plane, no rotated copy.
+    # bit, then bits 0 .. 6): shifts that truncate into each plane, no rotated copy. Plane 1
+    # holds the top bit until plane 0 has taken it.
     np.right_shift(words, 8 * typesize - 1, out=planes[1], casting="unsafe")
     np.left_shift(words, 1, out=planes[0], casting="unsafe")
     planes[0] |= planes[1]
