@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from tensorwire.codecs.blocked import BlockedCodec
-from tensorwire.codecs.deflate_planes import compress_plane, inflate_plane
+from tensorwire.codecs.deflate_planes import compress_planes, inflate_plane
 from tensorwire.codecs.planes import TYPESIZES, merge_planes, split_planes
 from tensorwire.errors import CodecConfigError, CodecDataError
 
-DEFAULT_BLOCK_SIZE = 1 << 18
-"""256 KiB: a block's planes and output stay in a core's cache while it is decoded."""
+DEFAULT_BLOCK_SIZE = 1 << 19
+"""512 KiB: a block, its planes and its output stay in a core's cache (1 MiB of L2 on the
+machines measured), and the per-block work in Python is paid half as often as at 256 KiB."""
 
 
 class FloatPlanes(BlockedCodec):
@@ -70,7 +71,7 @@ class FloatPlanes(BlockedCodec):
         if len(src) % typesize:
             typesize = 1  # a buffer that is not whole elements: its bytes as they are
         planes = split_planes(src, typesize)
-        streams = [compress_plane(plane) for plane in planes]
+        streams = compress_planes(planes)
         stored = [planes[k].data if s is None else s for k, s in enumerate(streams)]
         head = struct.pack(f"<B{typesize}I", typesize, *(len(s) for s in stored))
         return b"".join([head, *stored])

@@ -29,9 +29,16 @@ def split_planes(block: memoryview, typesize: int) -> np.ndarray:
     if typesize == 1:
         return np.frombuffer(block, dtype=np.uint8).reshape(1, -1).copy()
     words = _words(block, typesize)
-    rotated = words << np.uint8(1)
-    rotated |= words >> np.uint8(8 * typesize - 1)
-    return rotated.view(np.uint8).reshape(-1, typesize).T.copy()
+    planes = np.empty((typesize, words.size), dtype=np.uint8)
+    # Byte k of the rotated element is bits 8k-1 .. 8k+6 of the element (byte 0: its top
+    # bit, then bits 0 .. 6): shifts that truncate into each plane, no rotated copy. Plane 1
+    # holds the top bit until plane 0 has taken it.
+    np.right_shift(words, 8 * typesize - 1, out=planes[1], casting="unsafe")
+    np.left_shift(words, 1, out=planes[0], casting="unsafe")
+    planes[0] |= planes[1]
+    for k in range(1, typesize):
+        np.right_shift(words, 8 * k - 1, out=planes[k], casting="unsafe")
+    return planes
 
 
 def merge_planes(planes: Sequence[np.ndarray], dst: memoryview, typesize: int) -> None:
