@@ -84,13 +84,15 @@ def test_ensure_uses_a_broker_that_answers():
         assert url == SYSTEM
 
 
-def test_a_private_broker_serves_and_leaves_nothing_behind():
+def test_a_private_broker_serves_and_leaves_nothing_behind(tmp_path, monkeypatch):
     try:
         find_rabbitmq()
     except MissingDependency as exc:
         pytest.skip(str(exc))
     system_up = rabbitmq_answers(SYSTEM)
-    dirs_before = set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*"))
+    # its data directory in a temporary directory of this test's own (other workers' brokers
+    # come and go in the shared one)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     kids_before = set(_children())
     node = f"tensorwire-{os.getpid()}-"
     nodes_before = set(_processes_of_node(node))  # the session's private node may run already
@@ -99,6 +101,7 @@ def test_a_private_broker_serves_and_leaves_nothing_behind():
         assert url != wanted and url.startswith("amqp://tw:secret@127.0.0.1:")
         assert url.endswith("/exp")  # the URL's user and vhost were created
         assert set(_processes_of_node(node)) - nodes_before
+        assert list(tmp_path.glob("tensorwire-rabbitmq-*"))  # its data directory
         hub = tensorwire.serve(f"{url}?prefix=t-{uuid.uuid4().hex[:6]}")
         with hub, tensorwire.connect(hub.url, client_id="p", timeout=T) as ch:
             hub.wait_for(1, timeout=T)
@@ -108,7 +111,7 @@ def test_a_private_broker_serves_and_leaves_nothing_behind():
             assert hub.recv(timeout=T)[0] == "p"
     assert set(_processes_of_node(node)) <= nodes_before
     assert set(_children()) <= kids_before  # its shell, node and epmd are all gone
-    assert set(Path(tempfile.gettempdir()).glob("tensorwire-rabbitmq-*")) <= dirs_before
+    assert list(tmp_path.iterdir()) == []
     assert rabbitmq_answers(SYSTEM) == system_up  # the system broker was not disturbed
 
 
