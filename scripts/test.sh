@@ -9,5 +9,5 @@ bash scripts/setup.sh
 .venv/bin/mypy                                   # files and settings: [tool.mypy] in pyproject.toml
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict   # the site, into build/site (not --quiet: it hides the warnings --strict fails on)
 # 4 workers (TW_TEST_WORKERS; 0 runs serially): most tests wait on sockets, brokers and
-# namespaces, so 4 fit on 2 cores; tests/conftest.py keeps tests that share a fixture together
-exec .venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# namespaces, so 4 fit on 2 cores (tests/conftest.py says how the tests are handed out)
+exec .venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" "$@"

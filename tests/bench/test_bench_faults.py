@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (extra 'fl')")
 
+from made_once import made_once
 from tensorwire.bench.fl import DONE, fault_problem, protocol_problem, round_deadline
 from tensorwire.bench.fl_faults import (
     FaultActions,
@@ -144,15 +145,18 @@ SMALL = ("--models", "vgg5", "--profiles", "4g", "--dataset", "synthetic", "--cl
 
 
 def _faults_run(tmp_path_factory, protocol: str, faults: str) -> tuple[Path, str]:
+    """One run for every worker that takes a test that reads it."""
     _namespaces()
-    out = tmp_path_factory.mktemp(f"faults-{protocol}") / "run"
-    stdout = _bench(
-        out, "--protocols", protocol, *SMALL, "--rounds", "5", "--quorum", "3", "--faults", faults
-    )
-    return out, stdout
+
+    def make(where: Path) -> str:
+        args = ("--protocols", protocol, *SMALL, "--rounds", "5", "--quorum", "3")
+        return _bench(where / "run", *args, "--faults", faults)
+
+    where, stdout = made_once(tmp_path_factory, f"faults-{protocol}", make)
+    return where / "run", stdout
 
 
-# two runs (a fixture each, so that two workers make them at once): tcp with a device killed
+# two runs (a fixture each, so that two workers can make them at once): tcp with a device killed
 # and a link flapped (and the broker case, which tcp has no broker for), mqtt with its broker
 # restarted; each beside its fault-free twin
 @pytest.fixture(scope="module")

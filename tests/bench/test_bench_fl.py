@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (extra 'fl')")
 
+from made_once import made_once
 from tensorwire.bench.fl import DONE, protocol_problem
 from tensorwire.testbed import probe_capabilities
 
@@ -51,23 +52,35 @@ def run(tmp_path_factory) -> tuple[Path, str, list[str]]:
     if not caps.has("tbf"):
         pytest.skip(f"no rate shaping here: {caps['tbf'].reason}")
     protocols = _protocols()
-    out = tmp_path_factory.mktemp("bench") / "run"
-    stdout = _bench(
-        out,
-        "--protocols",
-        ",".join(protocols),
-        "--models",
-        "vgg5",
-        "--profiles",
-        "4g",
-        "--dataset",
-        "synthetic",
-        "--clients",
-        "2",
-        "--rounds",
-        str(ROUNDS),
-    )
+
+    def make(where: Path) -> str:
+        return _bench(
+            where / "run",
+            "--protocols",
+            ",".join(protocols),
+            "--models",
+            "vgg5",
+            "--profiles",
+            "4g",
+            "--dataset",
+            "synthetic",
+            "--clients",
+            "2",
+            "--rounds",
+            str(ROUNDS),
+        )
+
+    # one run for every worker that takes one of this module's tests
+    where, stdout = made_once(tmp_path_factory, "bench-fl", make)
+    out = where / "run"
     return out, stdout, protocols
+
+
+def _own_copy(out: Path, tmp_path: Path) -> Path:
+    """A copy of the shared run for a test that changes it (others read it meanwhile)."""
+    copy = tmp_path / out.name
+    subprocess.run(["cp", "-a", str(out), str(copy)], check=True)
+    return copy
 
 
 def _experiment_dirs(out: Path) -> list[Path]:
@@ -147,8 +160,8 @@ def test_report_embeds_every_figure_and_names_the_profile(run):
     assert "4g: 20 Mbit/s" in page and "unshaped loopback" not in page
 
 
-def test_a_second_run_skips_what_is_done(run):
-    out, _, protocols = run
+def test_a_second_run_skips_what_is_done(run, tmp_path):
+    out, protocols = _own_copy(run[0], tmp_path), run[2]
     stamps = {d.name: (d / DONE).stat().st_mtime_ns for d in _experiment_dirs(out)}
     stdout = _bench(out, "--resume", str(out))
     assert f"0 experiment(s) run, {len(protocols)} done before" in stdout
@@ -167,7 +180,7 @@ def test_an_interrupted_experiment_is_run_again(run, tmp_path):
 
 
 def test_report_command_rebuilds_one_run_and_compares_two(run, tmp_path):
-    out, _, _ = run
+    out = _own_copy(run[0], tmp_path)
     (out / "report.html").unlink()
     subprocess.run(
         [sys.executable, "-m", "tensorwire", "report", str(out)], check=True, timeout=120

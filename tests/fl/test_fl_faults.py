@@ -43,8 +43,7 @@ CFG = dict(
 )
 SLACK = 20.0  # seconds past the deadline a round may take to end (evaluation, checkpoint)
 
-# long tests, a 15 s fixture: each worker that takes one builds the fixture
-pytestmark = [pytest.mark.slow, pytest.mark.spread]
+pytestmark = pytest.mark.slow
 
 T = TypeVar("T")
 
