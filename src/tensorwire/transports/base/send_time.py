@@ -1,0 +1,48 @@
+"""How much of a send's wall time was the link's: the rest, its thread ran on a CPU or
+waited for one.
+
+On a fast link over shared cores the CPU is the bottleneck. A send that took long because
+its thread copied, hashed or waited for a core says nothing of the link, and must not make
+``auto`` take the link for slow: compressing would then cost more CPU and slow the next
+sends further (the measured rate drops, compression looks better still).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"  # ns on a CPU, ns runnable waiting for one, slices
+
+
+def busy_seconds() -> float:
+    """Seconds the calling thread has run on a CPU (:func:`time.thread_time`) plus, where the
+    kernel tells (Linux's schedstat), those it was runnable but waiting for a CPU."""
+    try:
+        with open(_SCHEDSTAT, "rb") as f:
+            waiting = int(f.read().split()[1]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        waiting = 0.0
+    return time.thread_time() + waiting
+
+
+class SendTime(NamedTuple):
+    """One send's wall seconds and its link seconds (None: not measured)."""
+
+    wall_s: float
+    link_s: float | None
+
+
+def timed_send(send: Callable[[], object], measure: bool) -> SendTime:
+    """Run ``send``; return its wall seconds and, if ``measure``, the part of them its thread
+    was blocked (neither on a CPU nor waiting for one): the link's, or the peer's, time."""
+    if not measure:
+        t = time.perf_counter()
+        send()
+        return SendTime(time.perf_counter() - t, None)
+    busy = busy_seconds()
+    t = time.perf_counter()
+    send()
+    wall = time.perf_counter() - t
+    return SendTime(wall, max(wall - (busy_seconds() - busy), 0.0))
