@@ -9,6 +9,8 @@ sends further (the measured rate drops, compression looks better still).
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,12 +18,36 @@ from typing import NamedTuple
 _SCHEDSTAT = "/proc/thread-self/schedstat"  # ns on a CPU, ns runnable waiting for one, slices
 
 
+class _Schedstat:
+    """The calling thread's schedstat file, opened once: its path names the thread that
+    opens it, so each thread keeps its own (closed when the thread's locals go)."""
+
+    def __init__(self) -> None:
+        self.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+
+    def waiting(self) -> float:
+        """Seconds this thread has been runnable but waiting for a CPU."""
+        return int(os.pread(self.fd, 128, 0).split()[1]) * 1e-9
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+_threads = threading.local()
+
+
 def busy_seconds() -> float:
     """Seconds the calling thread has run on a CPU (:func:`time.thread_time`) plus, where the
     kernel tells (Linux's schedstat), those it was runnable but waiting for a CPU."""
+    stat = getattr(_threads, "schedstat", None)
+    if stat is None:
+        try:
+            stat = _Schedstat()
+        except OSError:
+            stat = False  # this kernel does not tell: CPU time alone
+        _threads.schedstat = stat
     try:
-        with open(_SCHEDSTAT, "rb") as f:
-            waiting = int(f.read().split()[1]) * 1e-9
+        waiting = stat.waiting() if stat else 0.0
     except (OSError, ValueError, IndexError):
         waiting = 0.0
     return time.thread_time() + waiting
