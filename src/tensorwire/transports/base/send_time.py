@@ -39,15 +39,14 @@ _threads = threading.local()
 def busy_seconds() -> float:
     """Seconds the calling thread has run on a CPU (:func:`time.thread_time`) plus, where the
     kernel tells (Linux's schedstat), those it was runnable but waiting for a CPU."""
-    stat = getattr(_threads, "schedstat", None)
-    if stat is None:
+    if not hasattr(_threads, "schedstat"):
         try:
-            stat = _Schedstat()
+            _threads.schedstat = _Schedstat()
         except OSError:
-            stat = False  # this kernel does not tell: CPU time alone
-        _threads.schedstat = stat
+            _threads.schedstat = None  # this kernel does not tell: CPU time alone
+    stat: _Schedstat | None = _threads.schedstat
     try:
-        waiting = stat.waiting() if stat else 0.0
+        waiting = 0.0 if stat is None else stat.waiting()
     except (OSError, ValueError, IndexError):
         waiting = 0.0
     return time.thread_time() + waiting
