@@ -19,3 +19,11 @@ def threads():
     before = get_threads()
     yield set_threads
     set_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` takes the load average for its codecs' slowdown until it hears an encode;
+    these tests' choices are about data, links and streams, not about what else the machine
+    runs: they see an idle one (the tests of that prior set their own)."""
+    monkeypatch.setattr("tensorwire.codecs.slowdown.cpu_contention", lambda: 1.0)

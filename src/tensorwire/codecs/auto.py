@@ -4,11 +4,15 @@ Like Dask's ``maybe_compress``, :class:`AutoCodec` compresses a few evenly sprea
 the tensor instead of the whole of it. Unlike Dask, it tries several codecs and weighs
 what each would cost in seconds — compressing, sending the smaller payload over a link of
 the given bandwidth, decompressing — against sending the tensor raw, and keeps the fastest.
+A codec's seconds are its sample's CPU seconds times how much slower that codec's encodes
+that really happened ran than their samples promised (:mod:`tensorwire.codecs.slowdown`): on
+shared cores, and with its per-call and threading overheads, a codec costs more than its
+sample on a core of its own says.
 
 The choice is made once per stream (name, dtype, shape, context: see
 :mod:`tensorwire.codecs.streams`) and kept for the next messages of that stream; it is
-re-weighed without sampling when the bandwidth changes, and sampled again only now and
-then or when a codec stops achieving what its sample promised.
+re-weighed without sampling when the bandwidth or that slowdown changes, and sampled again
+only now and then or when a codec stops achieving what its sample promised.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tensorwire.codecs.blosc2 import Blosc2
 from tensorwire.codecs.floatplanes import FloatPlanes
 from tensorwire.codecs.lz4 import LZ4
 from tensorwire.codecs.sampling import Trial, sample_bytes
+from tensorwire.codecs.slowdown import CodecSlowdown
 from tensorwire.codecs.streams import (
     MAX_STREAMS,
     RECHECK_BYTES,
@@ -41,7 +46,8 @@ from tensorwire.codecs.zstd import Zstd
 from tensorwire.errors import CodecConfigError
 
 REWEIGH = 0.05
-"""A stream's choice is re-weighed once the bandwidth moved by more than this fraction."""
+"""A stream's choice is re-weighed once the bandwidth or the codecs' slowdown moved by more
+than this fraction."""
 ASSUMED_BANDWIDTH = 1e9
 """Bytes per second assumed of a link until a send measures it (a fast LAN: raw wins)."""
 TIE_MARGIN = 0.5
@@ -60,8 +66,11 @@ _TIMED_RUNS = 3  # runs of a codec that can win, on a sample: the fastest one co
 class CodecEstimate:
     """What sending one tensor with ``codec`` (None: raw) is expected to cost, in seconds.
 
-    ``decode_seconds`` is None when it was not measured because the codec had already
-    lost on compression and wire time alone. ``ratio`` is encoded / raw bytes.
+    ``encode_seconds`` and ``decode_seconds`` are wall seconds: the sample's CPU seconds
+    times the selector's :meth:`AutoCodec.codec_slowdown` for the codec (decoding is assumed
+    to run as slowly at the peer as encoding does here). ``decode_seconds`` is None when it was not
+    measured because the codec had already lost on compression and wire time alone.
+    ``ratio`` is encoded / raw bytes.
     """
 
     codec: Codec | None
@@ -125,10 +134,12 @@ class AutoCodec:
     sampled on its first message and keeps its choice: re-weighed on the same sample when
     the bandwidth moves by more than 5 %, sampled again after ``recheck_every`` messages
     once the stream has carried ``recheck_bytes`` since, or when :meth:`observe` hears
-    that the chosen codec drifted from its sampled ratio. An earlier option (raw, then the
-    candidates in order) wins unless a later one is faster by more than ``tie_margin`` of
-    the two's measured codec seconds, so the same input and bandwidth give the same choice
-    run to run. ``max_streams`` bounds the streams remembered.
+    that the chosen codec drifted from its sampled ratio. What :meth:`observe` hears of the
+    encodes' wall seconds sets :meth:`codec_slowdown`, by which each codec's sampled
+    seconds are multiplied; choices are re-weighed when one moves by more than 5 %. An earlier
+    option (raw, then the candidates in order) wins unless a later one is faster by more
+    than ``tie_margin`` of the two's measured codec seconds, so the same input and bandwidth
+    give the same choice run to run. ``max_streams`` bounds the streams remembered.
     """
 
     def __init__(
@@ -163,6 +174,7 @@ class AutoCodec:
         self._by_itemsize: dict[int, list[Codec]] = {}
         self._lock = threading.Lock()
         self._streams = StreamChoices(max_streams)
+        self._slowdown = CodecSlowdown()
         self.samples = 0
         """How many times a tensor was sampled (every stream's first message and rechecks)."""
 
@@ -175,6 +187,14 @@ class AutoCodec:
     def bandwidth(self, bytes_per_second: float) -> None:
         self._bandwidth = _check_bandwidth(bytes_per_second)
         self._guessed = False
+
+    def codec_slowdown(self, codec_id: str | None = None) -> float:
+        """How many times their samples' CPU seconds the encodes with ``codec_id`` (None: any
+        codec) heard by :meth:`observe` took in wall seconds: what contention for the cores
+        and the codec's overheads add. A codec not heard yet gets the factor of all heard;
+        before any, the CPU contention the load average tells
+        (:func:`tensorwire.codecs.slowdown.cpu_contention`)."""
+        return self._slowdown.factor(codec_id)
 
     def update_bandwidth(self, bytes_per_second: float, weight: float = 0.5) -> None:
         """Blend a measured throughput (bytes/s) into ``bandwidth`` with ``weight`` in (0, 1];
@@ -226,12 +246,24 @@ class AutoCodec:
         chain: Sequence[Codec],
         encoded_nbytes: int,
         context: Hashable = None,
+        *,
+        seconds: float | None = None,
     ) -> None:
         """Hear what the chain chosen for ``array`` achieved (the wire encoder calls this):
-        a ratio that drifted from the sample's makes the stream sampled again next time."""
+        a ratio that drifted from the sample's makes the stream sampled again next time;
+        ``seconds``, the encode's wall time, against what the sample promised, sets
+        :meth:`codec_slowdown`."""
         choice = self._streams.get(stream_key(name, array, context))
-        if choice is not None and choice.chain and chain and chain[0] is choice.chain[0]:
-            choice.achieved(encoded_nbytes / max(array.nbytes, 1), self.recheck)
+        if choice is None or not choice.chain or not chain or chain[0] is not choice.chain[0]:
+            return
+        choice.achieved(encoded_nbytes / max(array.nbytes, 1), self.recheck)
+        sampled: _Sampled = choice.state
+        if seconds is not None and len(chain) == 1 and sampled.nbytes == array.nbytes:
+            for e, factor in zip(sampled.estimates, sampled.factors, strict=True):
+                if e.codec is chain[0]:
+                    cpu_seconds = e.encode_seconds / factor
+                    self._slowdown.heard(chain[0].codec_id, seconds, cpu_seconds)
+                    break
 
     def for_context(self, context: Hashable) -> ContextSelector:
         """This selector with ``context`` bound: ``(name, array)`` in, as the wire wants."""
@@ -243,24 +275,27 @@ class AutoCodec:
 
     def _sample(self, key: StreamKey, array: np.ndarray) -> StreamChoice:
         self.samples += 1
-        sampled = _Sampled(self.estimate(array), array.nbytes, self._bandwidth)
+        bandwidth = self._bandwidth
+        sampled = _Sampled(*self._estimate(array, bandwidth), array.nbytes, bandwidth)
         best = self._pick(sampled.estimates)
         choice = StreamChoice([] if best.codec is None else [best.codec], best.ratio, sampled)
         self._streams.put(key, choice)
         return choice
 
     def _current(self, choice: StreamChoice) -> bool:
-        """Whether ``choice`` is for the current bandwidth, once re-weighed on its sample if
-        the bandwidth changed; False if a candidate whose decoding was not timed could now
-        win (then the stream is sampled again)."""
+        """Whether ``choice`` is for the current bandwidth and codec slowdown, once re-weighed
+        on its sample if either changed; False if a candidate whose decoding was not timed
+        could now win (then the stream is sampled again)."""
         sampled: _Sampled = choice.state
         bandwidth = self._bandwidth
-        if bandwidth == sampled.bandwidth or abs(bandwidth - sampled.bandwidth) <= (
-            REWEIGH * sampled.bandwidth
+        factors = tuple(self._factor(e.codec) for e in sampled.estimates)
+        if _near(bandwidth, sampled.bandwidth) and all(
+            _near(f, g) for f, g in zip(factors, sampled.factors, strict=True)
         ):
             return True
         estimates = [
-            replace(e, wire_seconds=e.ratio * sampled.nbytes / bandwidth) for e in sampled.estimates
+            _reweighed(e, bandwidth / sampled.bandwidth, f / g)
+            for e, f, g in zip(sampled.estimates, factors, sampled.factors, strict=True)
         ]
         best = min(e.total_seconds for e in estimates)
         if any(
@@ -271,7 +306,7 @@ class AutoCodec:
         pick = self._pick(estimates)
         choice.chain = [] if pick.codec is None else [pick.codec]
         choice.ratio = pick.ratio
-        choice.state = _Sampled(estimates, sampled.nbytes, bandwidth)
+        choice.state = _Sampled(estimates, factors, sampled.nbytes, bandwidth)
         return True
 
     def _pick(self, estimates: list[CodecEstimate]) -> CodecEstimate:
@@ -288,22 +323,36 @@ class AutoCodec:
 
     def estimate(self, array: np.ndarray) -> list[CodecEstimate]:
         """Estimate raw (first) and every candidate for ``array`` from one sample of it."""
-        nbytes, bandwidth = array.nbytes, self._bandwidth
+        return self._estimate(array, self._bandwidth)[0]
+
+    def _factor(self, codec: Codec | None) -> float:
+        """The slowdown ``codec``'s sampled seconds are multiplied by now (raw: 1.0)."""
+        return 1.0 if codec is None else self._slowdown.factor(codec.codec_id)
+
+    def _estimate(
+        self, array: np.ndarray, bandwidth: float
+    ) -> tuple[list[CodecEstimate], tuple[float, ...]]:
+        """The estimates, and the slowdown each one's seconds were multiplied by."""
+        nbytes = array.nbytes
         raw = CodecEstimate(None, 1.0, 0.0, nbytes / bandwidth, 0.0, eligible=True)
-        estimates = [raw]
+        estimates, factors = [raw], [1.0]
         if nbytes == 0:
-            return estimates
+            return estimates, tuple(factors)
         sample = sample_bytes(array).data
         scratch = np.empty(sample.nbytes, dtype=np.uint8).data
         # Seconds on the sample scale to the tensor, spread over the threads it will use.
         # The sample is big enough (64 KiB) for a codec's fixed cost per call to be a
-        # small part of its time: scaling that part too errs a little towards raw.
-        scale = nbytes / sample.nbytes / max(1, min(get_threads(), nbytes // _PARALLEL_BLOCK))
+        # small part of its time: scaling that part too errs a little towards raw; what the
+        # real encodes take (contention for the cores, overheads) makes up for it.
+        threads = max(1, min(get_threads(), nbytes // _PARALLEL_BLOCK))
         best = wire = raw.total_seconds
         for codec in self.candidates_for(array.itemsize):
+            factor = self._factor(codec)
+            factors.append(factor)
             if isinstance(codec, FloatPlanes) and bandwidth > FLOATPLANES_MAX_BANDWIDTH:
                 estimates.append(CodecEstimate(codec, 1.0, math.inf, wire, None, eligible=False))
                 continue
+            scale = nbytes / sample.nbytes / threads * factor
             trial = Trial(codec, sample, array.itemsize)
             ratio = trial.encoded_nbytes / sample.nbytes
             eligible = 1.0 - ratio >= self.min_saving
@@ -321,7 +370,7 @@ class AutoCodec:
             )
             best = min(best, estimate.total_seconds)
             estimates.append(estimate)
-        return estimates
+        return estimates, tuple(factors)
 
     def __repr__(self) -> str:
         return (
@@ -332,11 +381,29 @@ class AutoCodec:
 
 @dataclass(frozen=True)
 class _Sampled:
-    """A stream's sample, as estimates at ``bandwidth`` for a tensor of ``nbytes``."""
+    """A stream's sample, as estimates at ``bandwidth`` for a tensor of ``nbytes``, each
+    estimate's codec seconds multiplied by its codec's slowdown in ``factors``."""
 
     estimates: list[CodecEstimate]
+    factors: tuple[float, ...]
     nbytes: int
     bandwidth: float
+
+
+def _reweighed(e: CodecEstimate, faster_link: float, slower_codec: float) -> CodecEstimate:
+    """``e`` on a link ``faster_link`` times as fast, its codec ``slower_codec`` times as
+    slow."""
+    return replace(
+        e,
+        encode_seconds=e.encode_seconds * slower_codec,
+        wire_seconds=e.wire_seconds / faster_link,
+        decode_seconds=None if e.decode_seconds is None else e.decode_seconds * slower_codec,
+    )
+
+
+def _near(now: float, then: float) -> bool:
+    """Whether ``now`` is within :data:`REWEIGH` of ``then`` (no need to re-weigh)."""
+    return now == then or abs(now - then) <= REWEIGH * then
 
 
 def _check_bandwidth(bytes_per_second: float) -> float:

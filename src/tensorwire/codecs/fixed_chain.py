@@ -90,9 +90,12 @@ class FixedChainSelector:
         chain: Sequence[Codec],
         encoded_nbytes: int,
         context: Hashable = None,
+        *,
+        seconds: float | None = None,
     ) -> None:
         """Hear what the chain achieved on a whole tensor: a stream it no longer shrinks by
-        ``min_saving`` goes raw until it is looked at again."""
+        ``min_saving`` goes raw until it is looked at again (``seconds``, the encode's wall
+        time, is not used: a fixed codec's choice does not weigh time)."""
         choice = self._streams.get(stream_key(name, array, context))
         if (
             choice is not None

@@ -121,9 +121,15 @@ class ContextSelector:
         return self.selector.select(name, array, self.context)
 
     def observe(
-        self, name: str, array: np.ndarray, chain: Sequence[Codec], encoded_nbytes: int
+        self,
+        name: str,
+        array: np.ndarray,
+        chain: Sequence[Codec],
+        encoded_nbytes: int,
+        *,
+        seconds: float | None = None,
     ) -> None:
-        self.selector.observe(name, array, chain, encoded_nbytes, self.context)
+        self.selector.observe(name, array, chain, encoded_nbytes, self.context, seconds=seconds)
 
     def __repr__(self) -> str:
         return f"ContextSelector({self.selector!r}, {self.context!r})"

@@ -218,12 +218,12 @@ def encode_message(
 
     ``codecs`` picks each tensor's codec chain (see ``tensorwire.codecs.resolve_codecs``);
     a chain whose output is not smaller than the raw bytes is dropped and the tensor goes raw.
-    A selector with an ``observe(name, array, chain, encoded_nbytes)`` method is told what
-    each chain it chose achieved. ``checksum`` appends an xxh3-64 digest to every tensor's
-    bytes. ``t0`` is the send time (seconds since the epoch) put in the header; default
-    now (fix it for test vectors). ``raw_below``: the size in bytes under which ``codecs``
-    always answers raw (its ``min_size``); a message whose tensors are all smaller does not
-    ask it.
+    A selector with an ``observe(name, array, chain, encoded_nbytes, seconds=)`` method is
+    told what each chain it chose achieved, and in how many wall seconds. ``checksum``
+    appends an xxh3-64 digest to every tensor's bytes. ``t0`` is the send time (seconds
+    since the epoch) put in the header; default now (fix it for test vectors).
+    ``raw_below``: the size in bytes under which ``codecs`` always answers raw (its
+    ``min_size``); a message whose tensors are all smaller does not ask it.
 
     The header pieces of a message shape (names, dtypes, shapes, orders) are built once and
     reused while the shape repeats (:mod:`tensorwire.wire.plans`).
@@ -261,11 +261,12 @@ def encode_message(
         if chain:
             data = raw
             sizes: list[int] = []
+            began = time.perf_counter()
             for codec in chain:
                 data = _as_byte_view(codec.encode(data))
                 sizes.append(len(data))
             if observe is not None:
-                observe(plan.names[i], arr, chain, len(data))
+                observe(plan.names[i], arr, chain, len(data), seconds=time.perf_counter() - began)
             if len(data) < nbytes:
                 configs = [c.get_config() for c in chain]
                 chain_ids.add(configs[0]["id"])

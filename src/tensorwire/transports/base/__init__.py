@@ -13,7 +13,8 @@ inbox, deadlines, records, codec negotiation and streams. Logs a stranger can ma
   and their events; :mod:`.inbox`: a channel's received messages for ``recv``;
 - :mod:`.dialling`: deadlines, and dialling with backoff; :mod:`.logs`: rate-limited warnings;
 - :mod:`.negotiation` and :mod:`.endpoint`: codecs kept to what a peer decodes, encoding and
-  decoding with records; :mod:`.hub` and :mod:`.channel`: the two ends.
+  decoding with records; :mod:`.send_time`: what of a send's time was the link's (for
+  ``auto``); :mod:`.hub` and :mod:`.channel`: the two ends.
 """
 
 from tensorwire.transports.base.channel import BYE_TIMEOUT, MAX_HELD, Channel
@@ -47,6 +48,7 @@ from tensorwire.transports.base.records import (
     RecordLog,
     TransferRecord,
 )
+from tensorwire.transports.base.send_time import SendTime
 
 __all__ = [
     "BYE_TIMEOUT",
@@ -69,6 +71,7 @@ __all__ = [
     "Inbox",
     "MembershipEvent",
     "RecordLog",
+    "SendTime",
     "Timeouts",
     "TransferRecord",
     "_Endpoint",

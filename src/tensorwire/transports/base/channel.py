@@ -20,6 +20,7 @@ from tensorwire.transports.base.endpoint import _Endpoint, _out_by_path
 from tensorwire.transports.base.logs import _log_limited, log
 from tensorwire.transports.base.options import ChannelOptions
 from tensorwire.transports.base.records import TransferRecord
+from tensorwire.transports.base.send_time import timed_send
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import ClientSession, Closed, Data, Welcomed, bye
 from tensorwire.transports.streams import (
@@ -167,9 +168,8 @@ class Channel(_Endpoint, ABC):
         if timeout is None:
             timeout = self._call_timeout
         deadline = None if timeout is None else time.monotonic() + timeout  # deadline_after
-        t = time.perf_counter()
-        self._send_encoded(enc, deadline)
-        return self._note_send("hub", enc, time.perf_counter() - t, started)
+        sent = timed_send(lambda: self._send_encoded(enc, deadline), self._measures_link(enc))
+        return self._note_send("hub", enc, sent, started)
 
     def recv(
         self, timeout: float | None = None, *, out: Mapping[Any, Any] | None = None

@@ -14,6 +14,7 @@ from tensorwire.codecs import AutoCodec, available_codecs, get_codec, resolve_co
 from tensorwire.errors import MessageTooLarge
 from tensorwire.transports.base.negotiation import _MAX_DECODER_SETS, _DecodableCodecs, _raw_below
 from tensorwire.transports.base.records import ErrorLog, RecordLog, TransferRecord
+from tensorwire.transports.base.send_time import SendTime
 from tensorwire.transports.streams import AckBook
 from tensorwire.wire import (
     CodecSelector,
@@ -23,6 +24,12 @@ from tensorwire.wire import (
     decode_message,
     encode_message,
 )
+
+LINK_SAMPLE_BYTES = 1 << 20
+"""Sends at least this big tell an ``auto`` selector the link's rate."""
+CPU_BOUND_FLOOR = 0.02
+"""A send's link seconds count as at least this fraction of its wall seconds: one whose
+thread was never blocked (CPU-bound) reads as a link 50 times its throughput, not infinite."""
 
 
 class _Endpoint:
@@ -83,11 +90,22 @@ class _Endpoint:
             )
         return enc
 
+    def _measures_link(self, enc: EncodedMessage) -> bool:
+        """Whether sending ``enc`` should measure the link (for an ``auto`` selector)."""
+        return isinstance(self.selector, AutoCodec) and enc.nbytes >= LINK_SAMPLE_BYTES
+
     def _note_send(
-        self, peer: str, enc: EncodedMessage, wire_s: float, started: float
+        self, peer: str, enc: EncodedMessage, sent: SendTime | float, started: float
     ) -> TransferRecord:
-        if isinstance(self.selector, AutoCodec) and enc.nbytes >= 1 << 20 and wire_s > 0:
-            self.selector.update_bandwidth(enc.nbytes / wire_s)
+        """Record a send of ``enc`` (its wall seconds, or a :class:`SendTime`); a big one tells
+        an ``auto`` selector the link's rate: bytes over the seconds the sending thread was
+        blocked when measured (see :mod:`~tensorwire.transports.base.send_time`), else the
+        wall seconds."""
+        wire_s, link_s = sent if isinstance(sent, SendTime) else (sent, None)
+        selector = self.selector
+        if isinstance(selector, AutoCodec) and enc.nbytes >= LINK_SAMPLE_BYTES and wire_s > 0:
+            seconds = wire_s if link_s is None else max(link_s, CPU_BOUND_FLOOR * wire_s)
+            selector.update_bandwidth(enc.nbytes / seconds)
         values = (  # TransferRecord's fields, in order (positional: cheaper per message)
             "send",
             peer,

@@ -22,6 +22,7 @@ from tensorwire.transports.base.logs import _log_limited, log
 from tensorwire.transports.base.membership import MAX_EVENTS, Membership, MembershipEvent, _Member
 from tensorwire.transports.base.options import HubOptions
 from tensorwire.transports.base.records import BroadcastResult, TransferRecord
+from tensorwire.transports.base.send_time import SendTime, timed_send
 from tensorwire.transports.security import KeyAuthenticator
 from tensorwire.transports.session import Closed, Data, HubSession
 from tensorwire.transports.streams import (
@@ -164,9 +165,10 @@ class Hub(Membership, ABC):
         if timeout is None:
             timeout = self._call_timeout
         deadline = None if timeout is None else time.monotonic() + timeout  # deadline_after
-        t = time.perf_counter()
-        self._send_encoded(client_id, enc, deadline)
-        return self._note_send(client_id, enc, time.perf_counter() - t, started)
+        sent = timed_send(
+            lambda: self._send_encoded(client_id, enc, deadline), self._measures_link(enc)
+        )
+        return self._note_send(client_id, enc, sent, started)
 
     def _encode_to(
         self, client_id: str, tensors: Mapping[str, Any] | None, meta: Mapping[str, Any] | None
@@ -238,7 +240,7 @@ class Hub(Membership, ABC):
                 )
             except MessageTooLarge as exc:
                 out.failed.update(dict.fromkeys(members, exc))
-        results: list[dict[str, float | Exception]] = [{} for _ in sends]
+        results: list[Mapping[str, float | SendTime | Exception]] = [{} for _ in sends]
         send_many = self._send_sequentially if self.fanout == "sequential" else self._send_many
 
         def send_group(i: int) -> None:
@@ -282,17 +284,17 @@ class Hub(Membership, ABC):
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
-    ) -> dict[str, float | Exception]:
-        """Send ``enc`` to each client; return its wire seconds, or the exception it raised.
+    ) -> Mapping[str, float | SendTime | Exception]:
+        """Send ``enc`` to each client; return its wire seconds (a :class:`SendTime` where
+        the link's part was measured), or the exception it raised.
 
         Concurrent unicast sends by default; transports with native fan-out (an MQTT topic,
         an AMQP fanout exchange, a ZeroMQ PUB socket) override this to publish once.
         """
+        measure = self._measures_link(enc)
 
-        def timed(c: str) -> float:
-            t = time.perf_counter()
-            self._send_encoded(c, enc, deadline)
-            return time.perf_counter() - t
+        def timed(c: str) -> SendTime:  # in the thread that sends: its busy time is the send's
+            return timed_send(lambda: self._send_encoded(c, enc, deadline), measure)
 
         if len(clients) == 1:  # no hand-off to a worker thread for a single client
             try:
@@ -300,7 +302,7 @@ class Hub(Membership, ABC):
             except Exception as exc:
                 return {clients[0]: exc}
         futures = {c: self._pool.submit(timed, c) for c in clients}
-        results: dict[str, float | Exception] = {}
+        results: dict[str, float | SendTime | Exception] = {}
         for c, fut in futures.items():
             try:
                 results[c] = fut.result()

@@ -34,7 +34,15 @@ class _DecodableCodecs:
         ids = (getattr(c, "codec_id", None) or c.get_config()["id"] for c in chain)
         return chain if all(i in self.decoders for i in ids) else []
 
-    def observe(self, name: str, arr: Any, chain: list[Any], encoded_nbytes: int) -> None:
+    def observe(
+        self,
+        name: str,
+        arr: Any,
+        chain: list[Any],
+        encoded_nbytes: int,
+        *,
+        seconds: float | None = None,
+    ) -> None:
         observe = getattr(self.selector, "observe", None)
         if observe is not None:
-            observe(name, arr, chain, encoded_nbytes)
+            observe(name, arr, chain, encoded_nbytes, seconds=seconds)

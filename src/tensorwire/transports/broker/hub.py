@@ -12,12 +12,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from tensorwire.errors import PeerGone, TransportError
-from tensorwire.transports.base import Hub, HubOptions
+from tensorwire.transports.base import Hub, HubOptions, SendTime
 from tensorwire.transports.broker.graces import Graces
 from tensorwire.transports.broker.inflow import Inflow
 from tensorwire.transports.broker.payloads import HUB_SENDER
@@ -183,20 +183,22 @@ class BrokerHub(Hub, Generic[P]):
 
     def _unicasts(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
-    ) -> dict[str, float | Exception]:
+    ) -> Mapping[str, float | SendTime | Exception]:
         """``enc`` to each of ``clients`` by unicast: concurrently by default (the template's)."""
         return super()._send_many(clients, enc, deadline)
 
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
-    ) -> dict[str, float | Exception]:
+    ) -> Mapping[str, float | SendTime | Exception]:
         """One publish for all when ``clients`` are every member, sealed with each one's key
         (if some sessions have a key and others none, one unicast each); else unicasts."""
         with self._lock:
             everyone = set(clients) == set(self._peers)
         if not everyone:
             return self._unicasts(clients, enc, deadline)
-        results: dict[str, float | Exception] = dict(self._unreachable(clients, deadline))
+        results: dict[str, float | SendTime | Exception] = dict(
+            self._unreachable(clients, deadline)
+        )
         reached = [c for c in clients if c not in results]
         with self._lock:
             peers = [self._peers.get(c) for c in reached]
