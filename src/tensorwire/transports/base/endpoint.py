@@ -36,6 +36,10 @@ class _Endpoint:
     """Codec policy, limits and records shared by hubs and channels."""
 
     protocol = "?"
+    link_timed_by_acks = False
+    """True where a send returns long before its bytes cross the link (quic hands a message to
+    its connection up to megabytes ahead): the transport then times each big message until
+    the peer acknowledged it, and tells :meth:`_note_link`."""
 
     def __init__(self, codec: Any, checksum: bool, limits: Limits) -> None:
         self.codec_spec = codec
@@ -92,7 +96,18 @@ class _Endpoint:
 
     def _measures_link(self, enc: EncodedMessage) -> bool:
         """Whether sending ``enc`` should measure the link (for an ``auto`` selector)."""
-        return isinstance(self.selector, AutoCodec) and enc.nbytes >= LINK_SAMPLE_BYTES
+        return (
+            not self.link_timed_by_acks
+            and isinstance(self.selector, AutoCodec)
+            and enc.nbytes >= LINK_SAMPLE_BYTES
+        )
+
+    def _note_link(self, nbytes: int, seconds: float) -> None:
+        """A message of ``nbytes`` crossed the link in ``seconds`` (sent until acknowledged):
+        a big one tells an ``auto`` selector the link's rate."""
+        selector = self.selector
+        if isinstance(selector, AutoCodec) and nbytes >= LINK_SAMPLE_BYTES and seconds > 0:
+            selector.update_bandwidth(nbytes / seconds)
 
     def _note_send(
         self, peer: str, enc: EncodedMessage, sent: SendTime | float, started: float
@@ -102,10 +117,10 @@ class _Endpoint:
         blocked when measured (see :mod:`~tensorwire.transports.base.send_time`), else the
         wall seconds."""
         wire_s, link_s = sent if isinstance(sent, SendTime) else (sent, None)
-        selector = self.selector
-        if isinstance(selector, AutoCodec) and enc.nbytes >= LINK_SAMPLE_BYTES and wire_s > 0:
-            seconds = wire_s if link_s is None else max(link_s, CPU_BOUND_FLOOR * wire_s)
-            selector.update_bandwidth(enc.nbytes / seconds)
+        if not self.link_timed_by_acks and link_s is not None:
+            self._note_link(enc.nbytes, max(link_s, CPU_BOUND_FLOOR * wire_s))
+        elif not self.link_timed_by_acks:
+            self._note_link(enc.nbytes, wire_s)
         values = (  # TransferRecord's fields, in order (positional: cheaper per message)
             "send",
             peer,

@@ -36,6 +36,7 @@ class QuicChannel(Channel):
     seconds."""
 
     protocol = "quic"
+    link_timed_by_acks = True  # a send returns once its bytes are with the connection
 
     def __init__(self, url: str, options: ChannelOptions) -> None:
         super().__init__(url, options)
@@ -60,6 +61,7 @@ class QuicChannel(Channel):
             inbox.put(item)
 
         connection = Connection(conn, addr, client_side=True, limits=self.limits, deliver=deliver)
+        connection.on_acked = self._note_link
         engine = Engine(sock, f"tensorwire-quic-{self.client_id}")
 
         def start() -> None:

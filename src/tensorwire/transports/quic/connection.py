@@ -74,6 +74,11 @@ class Connection:
         self._dead: set[int] = set()  # peer streams given up on: their late data is dropped
         self.jobs: deque[SendJob] = deque()
         self.unacked: set[int] = set()  # our streams the peer has not acknowledged in full
+        # a message's bytes and when it was submitted, by stream, until the peer acknowledged
+        # it all: then on_acked(bytes, seconds) tells the link's rate (a send returns once
+        # its bytes are with the connection, up to SEND_AHEAD ahead of the link)
+        self._submitted: dict[int, tuple[int, float]] = {}
+        self.on_acked: Callable[[int, float], None] | None = None
         self.handshake_done = threading.Event()
         self.closed = threading.Event()
         self.close_reason = ""
@@ -218,6 +223,8 @@ class Connection:
         job.stream_id = self.conn.get_next_available_stream_id(is_unidirectional=True)
         self.conn.send_stream_data(job.stream_id, b"", end_stream=False)  # opens it: the order
         self.unacked.add(job.stream_id)
+        if self.on_acked is not None:
+            self._submitted[job.stream_id] = (job.nbytes, time.monotonic())
         self.jobs.append(job)
         self.pump()
         self.wake()
@@ -233,6 +240,7 @@ class Connection:
                 self.jobs.remove(job)
                 job.error = PeerGone("the peer stopped reading the message")
                 job.done.set()
+        self._submitted.pop(sid, None)
         if sid in self.unacked:
             self.unacked.discard(sid)
             with contextlib.suppress(Exception):
@@ -257,6 +265,9 @@ class Connection:
         for sid in list(self.unacked):
             if stream_done(self.conn, sid):
                 self.unacked.discard(sid)
+                submitted = self._submitted.pop(sid, None)
+                if submitted is not None and self.on_acked is not None:
+                    self.on_acked(submitted[0], time.monotonic() - submitted[1])
 
     @property
     def flushed(self) -> bool:

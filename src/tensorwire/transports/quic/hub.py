@@ -59,6 +59,7 @@ class QuicHub(Hub):
     """Hub listening on ``quic://host:port`` (UDP; port 0 picks a free one; see :attr:`url`)."""
 
     protocol = "quic"
+    link_timed_by_acks = True  # a send returns once its bytes are with the connection
 
     def __init__(self, url: str, options: HubOptions) -> None:
         super().__init__(url, options)
@@ -94,6 +95,7 @@ class QuicHub(Hub):
         connection = Connection(
             conn, addr, client_side=False, limits=HELLO_LIMITS, deliver=self._deliver
         )
+        connection.on_acked = self._note_link
         self._sessions[connection] = HubSession(**self._session_options())
         for old, why in self._waiting.add(connection, addr[0], now):
             self._refused(old.who, TransportError(f"said no hello while {why}"))
