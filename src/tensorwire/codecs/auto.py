@@ -183,15 +183,15 @@ class AutoCodec:
         """The link's throughput in bytes per second that choices are made for."""
         return self._bandwidth
 
-    @property
-    def bandwidth_measured(self) -> bool:
-        """Whether ``bandwidth`` was given or measured, not the guess made without either."""
-        return not self._guessed
-
     @bandwidth.setter
     def bandwidth(self, bytes_per_second: float) -> None:
         self._bandwidth = _check_bandwidth(bytes_per_second)
         self._guessed = False
+
+    @property
+    def bandwidth_measured(self) -> bool:
+        """Whether ``bandwidth`` was given or measured, not the guess made without either."""
+        return not self._guessed
 
     def codec_slowdown(self, codec_id: str | None = None) -> float:
         """How many times their samples' CPU seconds the encodes with ``codec_id`` (None: any
