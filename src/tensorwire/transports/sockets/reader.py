@@ -108,9 +108,13 @@ class StreamReader:
             flags = socket.MSG_DONTWAIT
             poller = self._pollers.get(wake.fileno())
             if poller is None:
-                poller = self._pollers[wake.fileno()] = select.poll()
-                poller.register(self.sock, select.POLLIN)
-                poller.register(wake, select.POLLIN)
+                poller = select.poll()
+                try:
+                    poller.register(self.sock, select.POLLIN)
+                    poller.register(wake, select.POLLIN)
+                except ValueError as exc:  # fd -1: another thread closed the socket
+                    raise PeerGone(f"the connection is closed ({exc})") from exc
+                self._pollers[wake.fileno()] = poller
         while True:
             dst = stream.next_read(STAGING_BYTES)
             if dst is not None and type(dst) is not memoryview:
