@@ -52,7 +52,10 @@ def wait_for_checkpoint(out: Path, proc: subprocess.Popen[str], timeout: float =
 @pytest.mark.slow
 def test_ctrl_c_in_fl_run_says_where_the_results_are_and_resume_finishes_the_run(tmp_path):
     out = tmp_path / "run"
-    args = ["fl", "run", "--dataset", "synthetic", "--clients", "2", "--rounds", "3"]
+    # rounds enough that Ctrl-C, sent once the first checkpoint is seen, lands mid-run on a
+    # loaded machine too (a round takes ~0.6 s; with 3 the run once ended first)
+    rounds = 20
+    args = ["fl", "run", "--dataset", "synthetic", "--clients", "2", "--rounds", str(rounds)]
     proc = subprocess.Popen(
         command(*args, "--out", str(out)),
         stdout=subprocess.PIPE,
@@ -71,7 +74,7 @@ def test_ctrl_c_in_fl_run_says_where_the_results_are_and_resume_finishes_the_run
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130, said
-    assert "interrupted after round" in said and "of 3 (Ctrl-C)" in said, said
+    assert "interrupted after round" in said and f"of {rounds} (Ctrl-C)" in said, said
     assert f"results so far: {out}" in said, said
     assert f"go on with: tensorwire fl run --resume {out}" in said, said
     assert "Traceback" not in said
@@ -84,7 +87,7 @@ def test_ctrl_c_in_fl_run_says_where_the_results_are_and_resume_finishes_the_run
     assert manifest["outcome"] == "done"
     assert manifest["resumed"], manifest  # the resumption is noted, the first manifest kept
     states = sorted((out / CHECKPOINTS).glob(f"round-*/{STATE}"))
-    assert json.loads(states[-1].read_text())["round"] == 3
+    assert json.loads(states[-1].read_text())["round"] == rounds
 
 
 def test_resume_from_a_directory_with_no_checkpoint_is_a_usage_error(tmp_path):

@@ -20,7 +20,7 @@ from killed_owner import killed_owner, wait_until
 import tensorwire
 from tensorwire.errors import MissingDependency
 from tensorwire.transports.brokers import RabbitMQBroker, ensure_rabbitmq, rabbitmq_answers
-from tensorwire.transports.brokers.rabbitmq import find_rabbitmq
+from tensorwire.transports.brokers.rabbitmq import CTL_TIMEOUT, find_rabbitmq
 
 pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
 
@@ -128,7 +128,7 @@ def test_a_private_broker_waits_out_a_lossy_link_and_keeps_rabbitmqs_socket_defa
             env=node._env,
             capture_output=True,
             text=True,
-            timeout=T,
+            timeout=CTL_TIMEOUT,  # rabbitmqctl boots an Erlang VM: 20 s was short under load
             check=True,
         )
         return "".join(run.stdout.split())
