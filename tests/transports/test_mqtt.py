@@ -566,6 +566,7 @@ def test_a_replayed_hello_is_welcomed_but_does_not_vouch_for_its_client(tls_brok
         hub.wait_for(1, timeout=T)
         with hub._lock:  # as if its will had come
             hub._graces.suspect("dev1", "connection lost", time.monotonic() + 60)
+        assert _until(lambda: spy.got)  # the spy's copy of the hello may come after the join
         topic, hello = spy.got[0]
         spy.subscribe(spy.settings.ctl("dev1", ch._session.session))
         spy.publish(topic, hello)  # the opening hello, replayed
