@@ -344,6 +344,7 @@ def test_a_repeated_hello_is_welcomed_again_and_joins_once(broker, prefix):
         assert {(w.meta["session"], w.meta["hub"]) for w in welcomes} == {
             (session.session, hub.hub_id)
         }
+        assert _until(lambda: [e.kind for e in hub.events] == ["joined"])  # one join, once
         assert hub.clients == ["raw"] and [e.kind for e in hub.events] == ["joined"]
 
 
