@@ -117,10 +117,9 @@ class _Endpoint:
         blocked when measured (see :mod:`~tensorwire.transports.base.send_time`), else the
         wall seconds."""
         wire_s, link_s = sent if isinstance(sent, SendTime) else (sent, None)
-        if not self.link_timed_by_acks and link_s is not None:
-            self._note_link(enc.nbytes, max(link_s, CPU_BOUND_FLOOR * wire_s))
-        elif not self.link_timed_by_acks:
-            self._note_link(enc.nbytes, wire_s)
+        if not self.link_timed_by_acks:
+            seconds = wire_s if link_s is None else max(link_s, CPU_BOUND_FLOOR * wire_s)
+            self._note_link(enc.nbytes, seconds)
         values = (  # TransferRecord's fields, in order (positional: cheaper per message)
             "send",
             peer,
