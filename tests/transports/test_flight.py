@@ -155,6 +155,7 @@ def test_junk_hello_is_refused_and_reported(hub):
     writer.done_writing()
     with pytest.raises(StopIteration):
         reader.read_chunk()  # the hub ends the call without a welcome
+    assert until(lambda: any(e.kind == "refused" for e in hub.events))  # reported after it ends
     (refused,) = [e for e in hub.events if e.kind == "refused"]
     assert "magic" in refused.reason and hub.clients == []
     client.close()
