@@ -93,6 +93,9 @@ def test_the_encoder_reports_what_auto_achieved() -> None:
     # Byte-oriented codecs only: none shrinks normal floats by 10 % (floatplanes would).
     candidates = [LZ4(), Blosc2(filter="shuffle"), Blosc2(filter="bitshuffle"), Zstd(level=1)]
     auto = AutoCodec(bandwidth=1e5, candidates=candidates)
+    # About the ratio: the encodes' wall time, which a loaded machine stretches, must not
+    # re-weigh the choice (a slowdown heard re-weighs it, and may sample the stream again)
+    auto._slowdown.heard = lambda *args: None  # type: ignore[method-assign]
     ones = np.ones(1 << 18, np.float32)
     encode_message({"w": ones}, codecs=auto)
     encode_message({"w": ones}, codecs=auto)
@@ -124,7 +127,9 @@ def test_auto_forgets_the_oldest_streams_first() -> None:
         (NOISE, 1e9),  # raw
         (ONES, 1e5),  # zstd: on a slow link the smallest output wins
         (np.repeat(RNG.standard_normal(1 << 14), 16).astype(np.float32), 1e8),  # lz4
-        (RNG.random(1 << 17), 1e6),  # blosc2 with bit shuffle
+        # floatplanes: 4 % smaller than blosc2 with bit shuffle, which at 1 MB/s was within
+        # the tie margin of a loaded machine's codec times; at 100 kB/s it is not
+        (RNG.random(1 << 17), 1e5),
     ],
     ids=["noise", "ones-slow-link", "repeats", "uniform-slow-link"],
 )
