@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (extra 'fl')")
 
+from ctrl_c import heed_sigint
 from made_once import made_once
 from tensorwire.bench.fl import DONE, fault_problem, protocol_problem, round_deadline
 from tensorwire.bench.fl_faults import (
@@ -252,9 +253,7 @@ def test_an_interrupted_experiment_resumes_from_its_checkpoint(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        # SIGINT as a terminal's Ctrl-C finds it: a shell's background job (CI started with
-        # `&`, say) ignores it, and so would the run, which would then go on to the end.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=heed_sigint,  # SIGINT as a terminal's Ctrl-C finds it
     )
     try:
         deadline = time.monotonic() + 300

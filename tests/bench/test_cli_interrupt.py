@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrl_c import heed_sigint
 from tensorwire.fl.checkpoint import CHECKPOINTS, STATE
 from tensorwire.fl.results import MANIFEST
 
@@ -64,6 +65,7 @@ def test_ctrl_c_in_fl_run_says_where_the_results_are_and_resume_finishes_the_run
         text=True,
         env=env(),
         start_new_session=True,  # Ctrl-C reaches the whole process group, devices included
+        preexec_fn=heed_sigint,  # SIGINT as a terminal's Ctrl-C finds it
     )
     try:
         wait_for_checkpoint(out, proc)
