@@ -27,7 +27,8 @@ from tensorwire.collective import Group, Rendezvous
 from tensorwire.errors import CollectiveError
 from tensorwire.transports.sockets import TlsStream
 
-FAULT_TIMEOUT = 4.0  # seconds: each operation's deadline
+FAULT_TIMEOUT = 10.0  # seconds: each operation's deadline (4 s was missed by a rank starting its
+# first step beside a CPU hog; a hung rank is still dropped after it, a dead one at once)
 GRADIENT = 8 << 20  # bytes: a ring allreduce of this is mid-flight most of the time
 
 
