@@ -17,9 +17,13 @@ trap 'rm -f "$mypy_log"' EXIT
 .venv/bin/mypy > "$mypy_log" 2>&1 &
 mypy_pid=$!
 # 4 workers (TW_TEST_WORKERS; 0 runs serially): most tests wait on sockets, brokers and
-# namespaces, so 4 fit on 2 cores (tests/conftest.py says how the tests are handed out)
+# namespaces, so 4 fit on 2 cores; a worker that runs out of tests takes half of the busiest
+# one's queue (--dist worksteal), so that no long test waits behind another at the end
+# (tests/conftest.py says how the tests are handed out)
 rc=0
-.venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" "$@" || rc=$?
+dist=()
+if [ "${TW_TEST_WORKERS:-4}" != 0 ]; then dist=(--dist worksteal); fi
+.venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" "${dist[@]}" "$@" || rc=$?
 mypy_rc=0
 wait "$mypy_pid" || mypy_rc=$?
 echo "--- mypy"

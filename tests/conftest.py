@@ -2,7 +2,8 @@
 
 ``scripts/test.sh`` runs the suite on 4 workers (``-n 4``: most tests wait on sockets, brokers
 and namespaces rather than compute, so 4 fit on 2 cores). Modules with a ``slow`` test are
-handed out first, so that none starts last; a costly result that several tests read (a
+put first, so that none starts last, and a worker that runs out of tests takes half of the
+busiest one's queue (``--dist worksteal``); a costly result that several tests read (a
 benchmark run) is made once for all workers (``made_once.py``).
 """
 
