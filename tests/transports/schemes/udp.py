@@ -186,7 +186,7 @@ def proxy_target(hub_url: str) -> tuple[str, int]:
 
 def proxied_url(hub_url: str, port: int) -> str:
     """The hub's URL with its control connection reached through a TCP proxy on 127.0.0.1:``port``
-    (the datagrams go straight to the UDP port the hub's welcome names; test_udp.py checks
+    (the datagrams go straight to the UDP port the hub's welcome names; test_udp_hostile.py checks
     that they are sealed)."""
     from urllib.parse import urlsplit
 
