@@ -18,15 +18,15 @@ BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"
 T = 20.0
 
 
-@pytest.fixture(scope="module")
-def broker() -> str:
+@pytest.fixture(scope="module", name="broker")
+def fixture_broker() -> str:
     if not rabbitmq_answers(BROKER):
         pytest.skip(f"no RabbitMQ answers at {BROKER} (apt-get install rabbitmq-server)")
     return BROKER
 
 
-@pytest.fixture
-def url(broker: str) -> str:
+@pytest.fixture(name="url")
+def fixture_url(broker: str) -> str:
     return f"{broker}?prefix=twtest-{uuid.uuid4().hex[:12]}"
 
 

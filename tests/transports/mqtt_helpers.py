@@ -18,8 +18,8 @@ from tensorwire.wire import decode_message, parse_chunk
 T = 20.0
 
 
-@pytest.fixture
-def prefix() -> str:
+@pytest.fixture(name="prefix")
+def fixture_prefix() -> str:
     return f"twtest-{uuid.uuid4().hex[:10]}"
 
 

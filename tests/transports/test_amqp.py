@@ -14,8 +14,16 @@ import pytest
 
 pika = pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
 
-import amqp_helpers  # noqa: E402
-from amqp_helpers import BROKER, SCHEME, T, _chunks, _events, _wait_until  # noqa: E402
+from amqp_helpers import (  # noqa: E402
+    BROKER,
+    SCHEME,
+    T,
+    _chunks,
+    _events,
+    _wait_until,
+    fixture_broker,  # noqa: F401  (a fixture: broker)
+    fixture_url,  # noqa: F401  (a fixture: url)
+)
 
 import tensorwire  # noqa: E402
 from tensorwire.errors import (  # noqa: E402
@@ -29,11 +37,6 @@ from tensorwire.transports.amqp import connection as amqp_connection  # noqa: E4
 from tensorwire.transports.amqp import hub as amqp_hub  # noqa: E402
 from tensorwire.transports.base import deadline_after  # noqa: E402
 from tensorwire.wire import encode_message  # noqa: E402
-
-# fixtures shared with test_amqp_security.py, bound here rather than imported (a test's
-# argument named like an unused import is ruff's F811)
-broker = amqp_helpers.broker
-url = amqp_helpers.url
 
 
 @pytest.fixture

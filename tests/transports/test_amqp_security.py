@@ -14,8 +14,15 @@ import pytest
 
 pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
 
-import amqp_helpers
-from amqp_helpers import SCHEME, T, _chunks, _events, _wait_until
+from amqp_helpers import (
+    SCHEME,
+    T,
+    _chunks,
+    _events,
+    _wait_until,
+    fixture_broker,  # noqa: F401  (a fixture: broker, which url asks for)
+    fixture_url,  # noqa: F401  (a fixture: url)
+)
 
 import tensorwire
 from tensorwire.errors import TransportError, TransportTimeout
@@ -24,11 +31,6 @@ from tensorwire.transports.broker import unsealed
 from tensorwire.transports.security import ReplayWindow, Sealer
 from tensorwire.wire import encode_message
 from tensorwire.wire.chunks import CHUNK_HEADER, CHUNK_MAGIC
-
-# fixtures shared with test_amqp.py, bound here rather than imported (a test's argument named
-# like an unused import is ruff's F811); ``url`` asks for ``broker``, so both are bound
-broker = amqp_helpers.broker
-url = amqp_helpers.url
 
 
 def _forged_first_chunk(message_id: int, total: int = 16 << 30, piece: int = 1 << 10) -> bytes:

@@ -15,8 +15,13 @@ import pytest
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
 
-import mqtt_helpers
-from mqtt_helpers import T, _private, _Raw, _until
+from mqtt_helpers import (
+    T,
+    _private,
+    _Raw,
+    _until,
+    fixture_prefix,  # noqa: F401  (a fixture: prefix)
+)
 
 import tensorwire
 from tensorwire.errors import (
@@ -34,10 +39,6 @@ from tensorwire.transports.mqtt import (
 )
 from tensorwire.transports.session import ClientSession
 from tensorwire.wire import parse_chunk
-
-# a fixture shared with test_mqtt_security.py, bound here rather than imported (a test's argument
-# named like an unused import is ruff's F811)
-prefix = mqtt_helpers.prefix
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,13 @@ import pytest
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
 
-import mqtt_helpers
-from mqtt_helpers import T, _private, _Raw, _until
+from mqtt_helpers import (
+    T,
+    _private,
+    _Raw,
+    _until,
+    fixture_prefix,  # noqa: F401  (a fixture: prefix)
+)
 
 import tensorwire
 from tensorwire.errors import (
@@ -37,10 +42,6 @@ from tensorwire.transports.mqtt import (
 )
 from tensorwire.transports.security import TLS
 from tensorwire.wire import decode_message, parse_chunk
-
-# a fixture shared with test_mqtt.py, bound here rather than imported (a test's argument
-# named like an unused import is ruff's F811)
-prefix = mqtt_helpers.prefix
 
 
 @pytest.fixture(scope="module")
