@@ -91,8 +91,7 @@ def _serving_url(protocol: str, devices: int) -> Iterator[tuple[str, int | None]
                 f"{devices} devices over mqtt need {FD_PER_DEVICE * devices + BROKER_SPARE} "
                 f"file descriptors for the broker; this process may open {limit} (ulimit -n)"
             )
-        settings = {"max_connections": str(devices + BROKER_SPARE)}
-        with MosquittoBroker(settings=settings) as broker:
+        with MosquittoBroker(devices=devices) as broker:  # its URL names its limit
             yield broker.url(f"tw-scale-{uuid.uuid4().hex[:8]}"), broker.pid
         return
     with local_hub_url(protocol) as url:

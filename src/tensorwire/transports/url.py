@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tensorwire.errors import TransportError
 
@@ -46,3 +46,10 @@ def redacted(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return parts._replace(netloc=netloc).geturl()
+
+
+def with_option(url: str, name: str, value: str) -> str:
+    """``url`` with ``name=value`` in its query (replacing a value it had)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name]
+    return urlunsplit(parts._replace(query=urlencode([*query, (name, value)])))

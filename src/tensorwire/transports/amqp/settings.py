@@ -10,6 +10,7 @@ import pika
 
 from tensorwire.errors import TransportError
 from tensorwire.transports.base import ChannelOptions, HubOptions
+from tensorwire.transports.broker.room import parse_connection_max
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import HELLO_LIMITS
 from tensorwire.transports.url import query_options, redacted
@@ -132,7 +133,7 @@ class AmqpAddress:
                 f"be at most {MAX_NAME - 64} bytes"
             )
         self.chunk = parse_chunk_size(ours["chunk"]) if "chunk" in ours else None
-        self.connection_max = _connection_max(shown, ours.get("connection_max"))
+        self.connection_max = parse_connection_max(shown, ours.get("connection_max"))
 
     def url_with(self, prefix: str, chunk: int | None) -> str:
         """The URL again, with ``prefix`` (and ``chunk`` if set) for clients to connect to."""
@@ -148,15 +149,6 @@ class AmqpAddress:
     def where(self) -> str:
         over = " over TLS" if self.tls is not None else ""
         return f"{self.params.host}:{self.params.port} (vhost {self.params.virtual_host!r}){over}"
-
-
-def _connection_max(shown: str, text: str | None) -> int | None:
-    """``connection_max=``: the most connections the broker takes (its own setting), if known."""
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise TransportError(f"{shown!r}: connection_max={text!r} is not a number of connections")
-    return int(text)
 
 
 def parse_chunk_size(text: str | int) -> int:

@@ -38,7 +38,7 @@ from tensorwire.errors import MissingDependency, TransportError, TransportTimeou
 from tensorwire.transports.brokers.readiness import wait_answering
 from tensorwire.transports.brokers.sizing import MOSQUITTO, size_for, with_fd_limit
 from tensorwire.transports.security import TLS
-from tensorwire.transports.url import host_port
+from tensorwire.transports.url import host_port, with_option
 
 DEFAULT_PORT = 1883
 # Mosquitto's own password hashing (mosquitto_passwd's default since 2.0): PBKDF2-HMAC-SHA512
@@ -236,16 +236,26 @@ class MosquittoBroker:
         """The broker's process id while it runs."""
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def connection_limit(self) -> int:
+        """The most clients its listener lets in: :attr:`limits` ``.connections``, or the
+        ``max_connections`` its ``settings`` give."""
+        given = self.settings.get("max_connections")
+        return int(given) if given is not None and given.isdigit() else self.limits.connections
+
     def url(self, prefix: str = "", user: str | None = None) -> str:
-        """``mqtt://127.0.0.1:PORT/prefix`` for this broker (``mqtts://`` with TLS); with
-        ``user``, one of :attr:`users`, the URL carries that user's name and password."""
+        """``mqtt://127.0.0.1:PORT/prefix?connection_max=N`` for this broker (``mqtts://``
+        with TLS; N its connection limit, so that a hub warns before its devices fill it and a
+        device past it gets ``BrokerFull``); with ``user``, one of :attr:`users`, the URL
+        carries that user's name and password."""
         scheme = "mqtts" if self.tls is not None else "mqtt"
         who = ""
         if user is not None:
             if user not in self.users:
                 raise TransportError(f"{user!r} is not a user of this broker: {sorted(self.users)}")
             who = f"{quote(user, safe='')}:{quote(self.users[user], safe='')}@"
-        return f"{scheme}://{who}{self.host}:{self.port}/{prefix}"
+        url = f"{scheme}://{who}{self.host}:{self.port}/{prefix}"
+        return with_option(url, "connection_max", str(self.connection_limit))
 
     def _tls_lines(self, binary: str) -> dict[str, str]:
         if self.tls is None:
@@ -364,7 +374,8 @@ class MosquittoBroker:
 @contextlib.contextmanager
 def ensure_mosquitto(url: str, **broker_options: Any) -> Iterator[str]:
     """Yield ``url`` if a broker answers there, else the URL of a private :class:`MosquittoBroker`
-    (``url`` with host and port replaced) that is stopped when the block ends."""
+    (``url`` with host and port replaced, and its ``connection_max=``) that is stopped when
+    the block ends."""
     host, port = host_port(url, default_port=DEFAULT_PORT)
     if mosquitto_answers(host, port):
         yield url
@@ -373,4 +384,5 @@ def ensure_mosquitto(url: str, **broker_options: Any) -> Iterator[str]:
         parts = urlsplit(url)
         userinfo = parts.netloc.rpartition("@")[0]
         netloc = f"{userinfo}@" if userinfo else ""
-        yield urlunsplit(parts._replace(netloc=f"{netloc}{broker.host}:{broker.port}"))
+        private = urlunsplit(parts._replace(netloc=f"{netloc}{broker.host}:{broker.port}"))
+        yield with_option(private, "connection_max", str(broker.connection_limit))

@@ -21,6 +21,7 @@ from paho.mqtt.properties import Properties
 
 from tensorwire.errors import (
     AuthenticationError,
+    BrokerFull,
     DeliveryUncertain,
     PeerGone,
     TransportError,
@@ -50,6 +51,10 @@ RECONNECT_DELAY_S = (0.1, 2.0)  # first and longest wait between attempts to rea
 SESSION_EXPIRY_S = 300
 MAX_OUTAGE_S = SESSION_EXPIRY_S  # a send without deadline gives up on a broker gone this long
 _NO_ENTRY = (134, 135)  # CONNACK reasons "bad user name or password", "not authorized"
+# Connections a broker whose limit the URL names (connection_max=) ends before its CONNACK,
+# one after another, before a device takes it as full: Mosquitto at its max_connections
+# closes each new one at once (paho retries after 0.1, 0.2 and 0.4 s).
+FULL_AFTER = 3
 
 
 class _ServerNamed:
@@ -254,16 +259,30 @@ class BrokerConnection:
             timeout=remaining(deadline),
         )
         self._client.loop_start()
+        limit = s.connection_max
         try:
             with self._cond:
-                self._cond.wait_for(lambda: self._connack is not None, remaining(deadline))
-                reason = self._connack
+                self._cond.wait_for(
+                    lambda: (
+                        self._connack is not None
+                        or (limit is not None and self._unanswered >= FULL_AFTER)
+                    ),
+                    remaining(deadline),
+                )
+                reason, unanswered = self._connack, self._unanswered
+            if reason is None and limit is not None and unanswered >= FULL_AFTER:
+                raise BrokerFull(
+                    f"the broker at {self.address} ended {unanswered} connections unanswered: "
+                    f"it lets in {limit} connections (its connection limit) and holds them all, "
+                    "so this device does not fit until another leaves: give it room for more "
+                    f"devices (MosquittoBroker(devices=N)){self._wrong_port()}"
+                )
             if reason is None:
                 hint = ""
-                if self._unanswered:  # as a TLS listener does with MQTT in clear, and back
+                if unanswered:  # as a full broker does, and a TLS listener with MQTT in clear
                     hint = (
-                        f": it ended {self._unanswered} connections unanswered (is its port for "
-                        f"{'MQTT in clear' if self.tls else 'TLS: use mqtts:// or tls='}?)"
+                        f": it ended {unanswered} connections unanswered (is it full, at its "
+                        f"max_connections?{self._wrong_port()})"
                     )
                 raise TransportTimeout(
                     f"the broker at {self.address} did not accept in {timeout} s{hint}"
@@ -281,6 +300,11 @@ class BrokerConnection:
         except BaseException:
             self.close()
             raise
+
+    def _wrong_port(self) -> str:
+        """The other cause of connections ended unanswered."""
+        other = "MQTT in clear" if self.tls else "TLS: use mqtts:// or tls="
+        return f"; or is its port for {other}?"
 
     def _subscribe(self, deadline: float | None) -> None:
         """Subscribe to the connection's topics at its QoS and wait until the broker confirms."""

@@ -84,6 +84,7 @@ class MqttHub(BrokerHub[_Peer]):
         timeout = REASSEMBLY_TIMEOUT_S[s.qos]
         super().__init__(url, options, grace=WILL_GRACE_S, reassembly_timeout=timeout)
         self.settings = s
+        self.connection_max = s.connection_max  # a hub warns before its devices fill it
         if self.tls is not None and self.authenticate is None:
             log.warning(
                 "mqtt: the hub at %s has TLS settings but no auth= keys: client certificates "

@@ -8,6 +8,7 @@ from urllib.parse import unquote, urlsplit
 
 from tensorwire.errors import TransportError
 from tensorwire.transports.base import ChannelOptions, HubOptions, Timeouts
+from tensorwire.transports.broker.room import parse_connection_max
 from tensorwire.transports.session import HELLO_LIMITS
 from tensorwire.transports.url import host_port, query_options, redacted
 from tensorwire.wire import CHUNK_HEADER_SIZE, PREFIX_SIZE
@@ -58,7 +59,9 @@ class MqttChannelOptions(ChannelOptions, MqttOptions):
 @dataclass(frozen=True)
 class MqttSettings:
     """What an ``mqtt://`` URL names: broker address, credentials, topic prefix, QoS, chunk
-    size, and whether the connection to the broker runs TLS (``mqtts://``)."""
+    size, whether the connection to the broker runs TLS (``mqtts://``), and the most
+    connections the broker lets in, if the URL says (``connection_max=``, as a private
+    broker's URLs do)."""
 
     host: str
     port: int
@@ -68,6 +71,7 @@ class MqttSettings:
     qos: int
     chunk_bytes: int  # most bytes per published payload, chunk header included
     tls: bool = False
+    connection_max: int | None = None
 
     @classmethod
     def from_url(
@@ -81,7 +85,7 @@ class MqttSettings:
             raise TransportError(f"{url!r} is not an mqtt:// or mqtts:// URL")
         tls = tls or parts.scheme == "mqtts"
         host, port = host_port(url, default_port=DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
-        query = query_options(url, ("qos", "chunk"))
+        query = query_options(url, ("qos", "chunk", "connection_max"))
         try:
             qos = int(query.get("qos", 1)) if qos is None else qos
             chunk_bytes = (
@@ -105,6 +109,7 @@ class MqttSettings:
             qos=qos,
             chunk_bytes=chunk_bytes,
             tls=tls,
+            connection_max=parse_connection_max(url, query.get("connection_max")),
         )
 
     def up(self, client_id: str, session: str) -> str:
