@@ -11,8 +11,10 @@ import pytest
 
 pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
 
+from broker_limits import near_limit_warning, running
+
 import tensorwire
-from tensorwire.errors import BrokerFull, MissingDependency
+from tensorwire.errors import BrokerFull
 from tensorwire.transports.amqp import AmqpAddress
 from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker, rabbitmq_answers
 
@@ -28,13 +30,7 @@ def test_a_private_broker_url_names_its_connection_limit():
 @pytest.fixture(scope="module")
 def full_broker():
     """A private RabbitMQ with 1,024 descriptors (never the machine's own)."""
-    node = RabbitMQBroker(fds=1024, startup_timeout=180)
-    try:
-        node.start()
-    except MissingDependency as exc:
-        pytest.skip(str(exc))
-    yield node
-    node.stop()
+    yield from running(RabbitMQBroker(fds=1024, startup_timeout=180))
 
 
 def test_devices_past_a_full_broker_get_BrokerFull_the_hub_warned_and_the_broker_runs_on(
@@ -59,14 +55,7 @@ def test_devices_past_a_full_broker_get_BrokerFull_the_hub_warned_and_the_broker
             refused = [e for e in joined if isinstance(e, Exception)]
             assert not refused, refused[:3]  # one connection each: all of them fit
             hub.wait_for(fit, timeout=T)
-
-            def warned():
-                return [e for e in hub.events if e.kind == "broker-near-limit"]
-
-            deadline = time.monotonic() + T  # recorded just after the join that reached it
-            while not warned() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert warned() and f"lets in {limit} connections" in warned()[0].reason
+            assert f"lets in {limit} connections" in near_limit_warning(hub, T)
             for i in range(extra):  # the devices past the limit: a clear, typed refusal
                 t = time.monotonic()
                 with pytest.raises(BrokerFull, match=rf"connection limit \({limit} connections\)"):

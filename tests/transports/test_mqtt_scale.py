@@ -10,8 +10,10 @@ import pytest
 
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
 
+from broker_limits import near_limit_warning, running
+
 import tensorwire
-from tensorwire.errors import BrokerFull, MissingDependency, TransportError
+from tensorwire.errors import BrokerFull, TransportError
 from tensorwire.transports.brokers.mosquitto import MosquittoBroker, mosquitto_answers
 from tensorwire.transports.mqtt import MqttSettings
 
@@ -34,13 +36,7 @@ def test_a_private_broker_url_names_its_connection_limit():
 @pytest.fixture(scope="module")
 def small_broker():
     """A private Mosquitto with 84 descriptors (never the machine's own)."""
-    broker = MosquittoBroker(fds=FDS)
-    try:
-        broker.start()
-    except MissingDependency as exc:
-        pytest.skip(str(exc))
-    yield broker
-    broker.stop()
+    yield from running(MosquittoBroker(fds=FDS))
 
 
 def test_devices_past_a_full_broker_get_BrokerFull_the_hub_warned_and_the_broker_runs_on(
@@ -68,14 +64,7 @@ def test_devices_past_a_full_broker_get_BrokerFull_the_hub_warned_and_the_broker
             assert f"lets in {limit} connections" in str(refused)
             assert time.monotonic() - t < T / 2  # refused, not timed out
             hub.wait_for(len(joined), timeout=T)
-
-            def warned():
-                return [e for e in hub.events if e.kind == "broker-near-limit"]
-
-            deadline = time.monotonic() + T  # recorded just after the join that reached it
-            while not warned() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert warned() and f"lets in {limit} connections" in warned()[0].reason
+            assert f"lets in {limit} connections" in near_limit_warning(hub, T)
             with pytest.raises(BrokerFull):  # and the next one too
                 tensorwire.connect(hub.url, client_id="again", codec=None, timeout=T)
             assert small_broker._proc is not None and small_broker._proc.poll() is None
