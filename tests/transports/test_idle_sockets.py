@@ -112,13 +112,32 @@ def _idle_quic(url: str, n: int):
         loop.call_soon_threadsafe(lambda: stop.done() or stop.set_result(None))
 
 
-def test_a_device_joins_a_quic_hub_at_once_past_200_idle_connections():
+def test_a_device_joins_a_quic_hub_at_once_past_200_idle_connections(monkeypatch):
     pytest.importorskip("aioquic", reason="quic needs aioquic (extra tensorwire[quic])")
+    from tensorwire.transports.quic import hub as quic_hub
+
+    # opening 200 takes longer than the hub waits for a hello on a loaded machine: the first
+    # would be refused before the last is in (that refusal: the next test)
+    monkeypatch.setattr(quic_hub, "HANDSHAKE_TIMEOUT", 2 * T)
     with tensorwire.serve("quic://127.0.0.1:0", codec=None) as hub, _idle_quic(hub.url, IDLE):
         # the client's handshake ends one flight before the hub's: poll for the hub's count
         _until(lambda: len(hub._waiting) == IDLE, "every one of them waits for its hello")
         with tensorwire.connect(hub.url, client_id="good", codec=None, timeout=JOIN_S):
             assert hub.wait_for(1, timeout=T) == ["good"]
+
+
+def test_a_quic_connection_that_says_no_hello_in_time_is_refused_and_closed(monkeypatch):
+    pytest.importorskip("aioquic", reason="quic needs aioquic (extra tensorwire[quic])")
+    from tensorwire.transports.quic import hub as quic_hub
+
+    monkeypatch.setattr(quic_hub, "HANDSHAKE_TIMEOUT", 0.5)
+    with tensorwire.serve("quic://127.0.0.1:0", codec=None) as hub, _idle_quic(hub.url, 2):
+        _until(
+            lambda: sum("no hello in time" in e.reason for e in hub.events) == 2,
+            "both silent connections refused",
+        )
+        _until(lambda: not hub._waiting, "their places given back")
+        assert hub.clients == []
 
 
 def test_one_address_cannot_hold_more_than_its_share(monkeypatch):

@@ -15,8 +15,16 @@ from plan_helpers import header_of, streamed
 from wire_helpers import build_prefix
 
 from tensorwire.errors import HeaderCheckMismatch, MalformedHeader, MessageTooLarge
-from tensorwire.wire import Limits, MessageStream, decode_message, encode_message
+from tensorwire.wire import Limits, MessageStream, decode_message, encode_message, plans
 from tensorwire.wire.format import PREFIX_SIZE, parse_prefix
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches() -> None:
+    """Each test starts from empty header caches: a table or header another test in this
+    process streamed (an empty ``tensors`` table, say) must not count as seen here."""
+    for cache in (plans.TENSOR_TABLES, plans.KNOWN_LAYOUTS, plans.META_LAYOUTS, plans.SEEN_ONCE):
+        cache.clear()
 
 
 def _layout_of(data: bytes):
