@@ -97,7 +97,8 @@ def test_ensure_uses_the_broker_that_answers_and_starts_one_otherwise():
     dead = _closed_port()
     with ensure_mosquitto(f"mqtt://u:p@127.0.0.1:{dead}/exp?qos=2") as got:
         port = int(got.split("@")[1].split("/")[0].split(":")[1])
-        assert port != dead and got == f"mqtt://u:p@127.0.0.1:{port}/exp?qos=2"
+        limit = f"connection_max={MosquittoBroker().limits.connections}"  # the private one's
+        assert port != dead and got == f"mqtt://u:p@127.0.0.1:{port}/exp?qos=2&{limit}"
         assert mosquitto_answers("127.0.0.1", port)
     assert not mosquitto_answers("127.0.0.1", port, timeout=0.5)
 
@@ -199,9 +200,10 @@ def test_a_tls_broker_with_users_serves_mqtts_and_refuses_strangers(certs):
             assert line in conf
         passwd = broker.dir / "passwd"
         assert passwd.stat().st_mode & 0o077 == 0 and "s3c:ret@" not in passwd.read_text()
-        assert broker.url("p") == f"mqtts://127.0.0.1:{broker.port}/p"
+        limit = f"connection_max={broker.limits.connections}"
+        assert broker.url("p") == f"mqtts://127.0.0.1:{broker.port}/p?{limit}"
         url = broker.url("p", user="alice")
-        assert url == f"mqtts://alice:s3c%3Aret%40@127.0.0.1:{broker.port}/p"
+        assert url == f"mqtts://alice:s3c%3Aret%40@127.0.0.1:{broker.port}/p?{limit}"
         with pytest.raises(TransportError, match="not a user"):
             broker.url("p", user="carol")
         assert mosquitto_answers("127.0.0.1", broker.port)  # over TLS, refused or not
