@@ -5,7 +5,6 @@ hand, a hub's events of one kind, and polling for a condition."""
 from __future__ import annotations
 
 import importlib.util
-import time
 import uuid
 from pathlib import Path
 
@@ -49,10 +48,3 @@ def _chunks(enc, message_id: int, size: int = 1 << 20) -> list[bytes]:
 
 def _events(hub, kind: str) -> list:
     return [e for e in hub.events if e.kind == kind]
-
-
-def _wait_until(condition, timeout: float = T) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()

@@ -4,10 +4,10 @@ for a condition, and a bare paho client that speaks to the broker as anyone coul
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import pytest
+from waiting import until
 
 from tensorwire.errors import MissingDependency
 from tensorwire.transports.brokers.mosquitto import MosquittoBroker
@@ -28,16 +28,6 @@ def _private(**options) -> MosquittoBroker:
         return MosquittoBroker(**options).start()
     except MissingDependency as exc:
         pytest.skip(str(exc))
-
-
-def _until(condition, timeout: float = T) -> bool:
-    """Poll ``condition`` every 20 ms until it holds (True) or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 class _Raw:
@@ -76,7 +66,7 @@ class _Raw:
     def messages(self, n: int) -> list:
         """The first ``n`` messages that came (each in one chunk), decoded; waits up to T
         seconds for them."""
-        assert _until(lambda: len(self.got) >= n), f"{len(self.got)} of {n} messages came"
+        assert until(lambda: len(self.got) >= n), f"{len(self.got)} of {n} messages came"
         return [decode_message(parse_chunk(payload)[1]) for _, payload in self.got[:n]]
 
     def close(self) -> None:

@@ -20,10 +20,10 @@ from amqp_helpers import (  # noqa: E402
     T,
     _chunks,
     _events,
-    _wait_until,
     fixture_broker,  # noqa: F401  (a fixture: broker)
     fixture_url,  # noqa: F401  (a fixture: url)
 )
+from waiting import until  # noqa: E402
 
 import tensorwire  # noqa: E402
 from tensorwire.errors import (  # noqa: E402
@@ -145,7 +145,7 @@ def test_a_silent_broker_is_noticed_within_the_heartbeat_bounds_and_ridden_out(p
         os.killpg(node.pid, signal.SIGSTOP)  # alive for TCP, silent for AMQP
         try:
             t = time.monotonic()
-            assert _wait_until(lambda: _events(hub, "medium-lost"), timeout=60)
+            assert until(lambda: _events(hub, "medium-lost"), timeout=60)
             assert time.monotonic() - t < 2 * (heartbeat + 5) + 1  # pika's bound
             assert hub.clients == ["d"]  # an outage is no reason to drop a member
         finally:
@@ -168,7 +168,7 @@ def test_an_outage_keeps_members_and_sends_wait_for_the_broker_within_their_dead
         restart = threading.Thread(target=private.restart, args=(4.0,))
         restart.start()
         try:
-            assert _wait_until(lambda: _events(hub, "medium-lost"))
+            assert until(lambda: _events(hub, "medium-lost"))
             t = time.monotonic()
             result = hub.broadcast({"v": np.arange(3)}, timeout=1.0)
             assert time.monotonic() - t < 10  # 1 s, and a connect attempt the deadline cut short
@@ -254,7 +254,7 @@ def test_close_says_goodbye_and_leaves_nothing_on_the_broker(url):
     with pytest.raises(PeerGone):
         ch.send({"v": np.zeros(1)})
     ch.close()
-    assert _wait_until(lambda: not any(_exists(kind, name) for kind, name in names))
+    assert until(lambda: not any(_exists(kind, name) for kind, name in names))
 
 
 def test_a_dropped_client_is_noticed(url):
@@ -263,7 +263,7 @@ def test_a_dropped_client_is_noticed(url):
         ch = tensorwire.connect(hub.url, client_id="d")
         hub.wait_for(1, timeout=T)
         ch._drop()
-        assert _wait_until(lambda: not hub.clients, timeout=T)  # LEAVE_GRACE and a liveness round
+        assert until(lambda: not hub.clients, timeout=T)  # LEAVE_GRACE and a liveness round
         assert "dropped" in reasons[0]
         with pytest.raises(PeerGone):
             hub.send("d", {"v": np.zeros(1)})
@@ -276,7 +276,7 @@ def test_a_message_whose_chunks_stop_coming_is_reported(url, monkeypatch, connec
         hub.wait_for(1, timeout=T)
         first = _chunks(encode_message({"x": np.zeros(10_000)}), 7, 4096)[0]
         SCHEME._publish(hub.url, [("", f"{hub.prefix}.up", "half", first)])
-        assert _wait_until(lambda: hub.errors, timeout=10)
+        assert until(lambda: hub.errors, timeout=10)
         who, exc = hub.errors[0]
         assert who == "half" and isinstance(exc, ChunkError) and "never arrived" in str(exc)
 

@@ -19,10 +19,10 @@ from amqp_helpers import (
     T,
     _chunks,
     _events,
-    _wait_until,
     fixture_broker,  # noqa: F401  (a fixture: broker, which url asks for)
     fixture_url,  # noqa: F401  (a fixture: url)
 )
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import TransportError, TransportTimeout
@@ -80,9 +80,7 @@ def test_a_sender_that_has_not_joined_is_read_only_as_a_one_chunk_hello(url, con
         pieces = _chunks(big, 2, 4096)
         up = f"{hub.prefix}.up"
         SCHEME._publish(hub.url, [("", up, "ghost", body) for body in [*_chunks(data, 1), *pieces]])
-        assert _wait_until(
-            lambda: len(_events(hub, "refused")) == 1 and hub.errors.total == len(pieces)
-        )
+        assert until(lambda: len(_events(hub, "refused")) == 1 and hub.errors.total == len(pieces))
         assert all(who == "(not joined)" for who, _ in hub.errors)  # one log key for strangers
         with pytest.raises(TransportTimeout):
             hub.recv(timeout=0.5)
@@ -131,7 +129,7 @@ def test_forged_session_messages_change_nothing(url, connect):
             [("", f"{hub.prefix}.up", "c", body) for body in bodies]
             + [(f"{hub.prefix}.all", "", "hub", body) for body in bodies],
         )
-        assert _wait_until(lambda: hub.errors.total == 4)  # the two byes and the two answers
+        assert until(lambda: hub.errors.total == 4)  # the two byes and the two answers
         hub.send("c", {"v": np.arange(3)})
         assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
         ch.send({"v": np.arange(2)})
@@ -268,7 +266,7 @@ def test_forged_session_messages_to_a_keyed_client_change_nothing(secured, reque
             ]
             plain = SCHEME._node(request).plain_url()  # another user of the broker
             SCHEME._publish(plain, [("", ch._queue, "hub", body) for body in forged])
-            assert _wait_until(lambda: ch.errors.total >= 2)
+            assert until(lambda: ch.errors.total >= 2)
             assert all(isinstance(e, tensorwire.AuthenticationError) for _, e in ch.errors)
             _round_trip(hub, ch)
             assert hub.clients == ["d1"] and ch._session.session == sid
@@ -302,10 +300,10 @@ def test_a_broker_restart_with_keys_is_ridden_out_with_a_sealed_hello(secured, r
             hub.wait_for(1, timeout=T)
             sid = ch._session.session
             node.restart(1.0)
-            assert _wait_until(lambda: _events(hub, "medium-back"), timeout=60)
+            assert until(lambda: _events(hub, "medium-back"), timeout=60)
             hub.send("d1", {"v": np.arange(3)}, timeout=60)
             assert np.array_equal(ch.recv(timeout=60)["v"], np.arange(3))
-            assert _wait_until(lambda: ch._rehello_at is None)  # the hub answered, sealed
+            assert until(lambda: ch._rehello_at is None)  # the hub answered, sealed
             _round_trip(hub, ch)
             assert ch._session.session == sid and not _events(hub, "left")
             assert not hub.errors and not ch.errors
@@ -324,14 +322,14 @@ def test_a_client_the_hub_forgot_in_an_outage_asks_in_a_new_session(secured, req
             restart = threading.Thread(target=node.restart, args=(2.0,))
             restart.start()
             try:
-                assert _wait_until(lambda: _events(hub, "medium-lost"), timeout=60)
+                assert until(lambda: _events(hub, "medium-lost"), timeout=60)
                 hub._medium_gone(TransportError("gave up"))  # as after OUTAGE_LIMIT
                 assert hub.clients == []
             finally:
                 restart.join(120)
             # its sealed hello is refused (the nonce is spent); a new session's hello is not
-            assert _wait_until(lambda: hub.clients == ["d1"], timeout=60)
-            assert _wait_until(lambda: ch._session.key is not None and ch._rehello_at is None)
+            assert until(lambda: hub.clients == ["d1"], timeout=60)
+            assert until(lambda: ch._session.key is not None and ch._rehello_at is None)
             assert ch._session.session != old
             assert any("replayed hello" in e.reason for e in _events(hub, "refused"))
             _round_trip(hub, ch)

@@ -19,9 +19,9 @@ from mqtt_helpers import (
     T,
     _private,
     _Raw,
-    _until,
     fixture_prefix,  # noqa: F401  (a fixture: prefix)
 )
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import (
@@ -253,7 +253,7 @@ def test_a_repeated_hello_is_welcomed_again_and_joins_once(broker, prefix):
         assert {(w.meta["session"], w.meta["hub"]) for w in welcomes} == {
             (session.session, hub.hub_id)
         }
-        assert _until(lambda: [e.kind for e in hub.events] == ["joined"])  # one join, once
+        assert until(lambda: [e.kind for e in hub.events] == ["joined"])  # one join, once
         assert hub.clients == ["raw"] and [e.kind for e in hub.events] == ["joined"]
 
 
@@ -270,7 +270,7 @@ def test_a_hello_on_another_clients_topics_is_refused(broker, prefix):
         assert refusal.kind == "refuse" and refusal.meta["code"] == "refused"
         assert "must name both" in refusal.meta["reason"]
         assert hub.clients == []
-        assert _until(lambda: [e.kind for e in hub.events] == ["refused"])
+        assert until(lambda: [e.kind for e in hub.events] == ["refused"])
 
 
 def test_a_broker_that_keeps_no_sessions_is_ridden_out(prefix):
@@ -283,7 +283,7 @@ def test_a_broker_that_keeps_no_sessions_is_ridden_out(prefix):
         ):
             hub.wait_for(1, timeout=T)
             broker.restart(1.0)
-            assert _until(lambda: any(e.kind == "medium-back" for e in hub.events))
+            assert until(lambda: any(e.kind == "medium-back" for e in hub.events))
             back = next(e for e in hub.events if e.kind == "medium-back")
             assert "lost our session" in back.reason  # messages in flight may be lost: said
             # at once: the send waits until d0 said hello again, so it has subscribed again
@@ -291,7 +291,7 @@ def test_a_broker_that_keeps_no_sessions_is_ridden_out(prefix):
             assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
             ch.send({"v": np.arange(2)}, timeout=T)
             assert hub.recv(timeout=T)[0] == "d0"
-            assert _until(lambda: "d0" not in hub._graces)  # came back in time
+            assert until(lambda: "d0" not in hub._graces)  # came back in time
             assert hub.clients == ["d0"]
             assert [e.kind for e in hub.events] == ["joined", "medium-lost", "medium-back"]
     finally:
@@ -310,15 +310,15 @@ def test_a_client_gone_while_a_sessionless_broker_was_down_is_dropped_after_the_
             hub.wait_for(2, timeout=T)
             restart = threading.Thread(target=broker.restart, args=(2.0,))
             restart.start()
-            assert _until(lambda: not gone._connection.up)
+            assert until(lambda: not gone._connection.up)
             gone._drop()  # dies while the broker is down: its will is never published
             restart.join(T)
-            assert _until(lambda: hub.clients == ["stays"], WILL_GRACE_S + T)
+            assert until(lambda: hub.clients == ["stays"], WILL_GRACE_S + T)
 
             def left() -> list[tuple[str | None, str]]:
                 return [(e.client_id, e.reason) for e in hub.events if e.kind == "left"]
 
-            assert _until(left)  # recorded just after the member is let go
+            assert until(left)  # recorded just after the member is let go
             assert left() == [("vanishes", "did not come back after the broker lost its sessions")]
     finally:
         broker.stop()
@@ -335,7 +335,7 @@ def test_a_broadcast_during_an_outage_fails_at_its_deadline_and_is_never_deliver
             hub.wait_for(1, timeout=T)
             restart = threading.Thread(target=broker.restart, args=(3.0,))
             restart.start()
-            assert _until(lambda: not hub._connection.up)
+            assert until(lambda: not hub._connection.up)
             t0 = time.monotonic()
             lost = hub.broadcast({"v": np.arange(3)}, meta={"r": "lost"}, timeout=1.0)
             assert 0.9 < time.monotonic() - t0 < 3.0

@@ -22,9 +22,9 @@ from mqtt_helpers import (
     T,
     _private,
     _Raw,
-    _until,
     fixture_prefix,  # noqa: F401  (a fixture: prefix)
 )
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import (
@@ -178,7 +178,7 @@ def test_another_broker_user_cannot_end_or_suspend_a_secured_session(tls_broker,
         mallory.publish(s.up("dev1", sid), _one_chunk(bye("forged")))  # would end the session
         mallory.publish(s.hub(hub.hub_id), _one_chunk(bye("forged")))  # would end it here
         mallory.close()
-        assert _until(lambda: hub.errors.total >= 2 and ch.errors.total >= 1)
+        assert until(lambda: hub.errors.total >= 2 and ch.errors.total >= 1)
         assert "dev1" not in hub._graces and hub.clients == ["dev1"]
         hub.send("dev1", {"v": np.arange(3)}, timeout=T)
         assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
@@ -195,17 +195,17 @@ def test_a_replayed_hello_is_welcomed_but_does_not_vouch_for_its_client(tls_brok
         hub.wait_for(1, timeout=T)
         with hub._lock:  # as if its will had come
             hub._graces.suspect("dev1", "connection lost", time.monotonic() + 60)
-        assert _until(lambda: spy.got)  # the spy's copy of the hello may come after the join
+        assert until(lambda: spy.got)  # the spy's copy of the hello may come after the join
         topic, hello = spy.got[0]
         spy.subscribe(spy.settings.ctl("dev1", ch._session.session))
         spy.publish(topic, hello)  # the opening hello, replayed
-        assert _until(lambda: any("/ctl/" in t for t, _ in spy.got))  # answered ...
+        assert until(lambda: any("/ctl/" in t for t, _ in spy.got))  # answered ...
         time.sleep(0.2)
         assert "dev1" in hub._graces  # ... but the grace goes on
         with ch._cond:  # the client itself asks (sealed): that vouches for it
             ch._ask(time.monotonic() + WILL_GRACE_S)
             ch._cond.notify_all()
-        assert _until(lambda: "dev1" not in hub._graces)
+        assert until(lambda: "dev1" not in hub._graces)
         assert hub.errors.total == ch.errors.total == 0
     spy.close()
 
@@ -223,7 +223,7 @@ def test_a_forged_welcome_does_not_open_a_secured_session(tls_broker, certs, pre
 
     t = threading.Thread(target=client)
     t.start()
-    assert _until(lambda: mallory.got)
+    assert until(lambda: mallory.got)
     sid = decode_message(parse_chunk(mallory.got[0][1])[1]).meta["session"]
     forged = {"version": 2, "decoders": [], "max_message_bytes": 1 << 20, "hub": "evil"}
     forged_auth = {"nonce": b"\x00" * 16, "proof": b"\x00" * 32}
@@ -322,12 +322,12 @@ def test_a_secured_session_rides_out_a_broker_restart(certs, prefix):
         with _hub(url, certs) as hub, _channel(url, certs) as ch:
             hub.wait_for(1, timeout=T)
             broker.restart(1.0)  # Mosquitto publishes every will as it stops: sealed ones
-            assert _until(lambda: any(e.kind == "medium-back" for e in hub.events))
+            assert until(lambda: any(e.kind == "medium-back" for e in hub.events))
             hub.send("dev1", {"v": np.arange(3)}, timeout=T)
             assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(3))
             ch.send({"v": np.arange(2)}, timeout=T)
             assert hub.recv(timeout=T)[0] == "dev1"
-            assert _until(lambda: "dev1" not in hub._graces)
+            assert until(lambda: "dev1" not in hub._graces)
             time.sleep(0.5)  # late duplicates, if any, are dropped silently
             assert hub.errors.total == ch.errors.total == 0
             assert [e.kind for e in hub.events] == ["joined", "medium-lost", "medium-back"]
@@ -340,7 +340,7 @@ def test_a_second_session_proving_the_same_secret_replaces_the_first(tls_broker,
     with _hub(url, certs) as hub, _channel(url, certs) as old:
         hub.wait_for(1, timeout=T)
         with _channel(url, certs) as new:
-            assert _until(lambda: [e.kind for e in hub.events] == ["joined", "replaced"])
+            assert until(lambda: [e.kind for e in hub.events] == ["joined", "replaced"])
             assert hub._peers["dev1"].sid == new._session.session != old._session.session
             hub.send("dev1", {"v": np.arange(2)}, timeout=T)
             assert np.array_equal(new.recv(timeout=T)["v"], np.arange(2))
