@@ -236,13 +236,19 @@ def _trace(node: Any) -> None:
     who took the broker over) can see everything that crosses it."""
     from tensorwire.transports.brokers.rabbitmq import CTL_TIMEOUT
 
-    subprocess.run(
-        [str(node._ctl), "-n", node.node, "trace_on", "-p", node.vhost],
-        env=node._env,
-        capture_output=True,
-        timeout=CTL_TIMEOUT,
-        check=True,
-    )
+    try:
+        subprocess.run(
+            [str(node._ctl), "-n", node.node, "trace_on", "-p", node.vhost],
+            env=node._env,
+            capture_output=True,
+            timeout=CTL_TIMEOUT,
+            check=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        # Beside a CPU hog, rabbitmqctl once said "Trace enabled for vhost /" and then did
+        # not exit within the minute (its own Erlang VM winding down): the node has done it.
+        if b"Trace enabled" not in (exc.output or b""):
+            raise
 
 
 def secure_hub_url(request: pytest.FixtureRequest, enrolment: Any, scheme: str = "amqp") -> str:
