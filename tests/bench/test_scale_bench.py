@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tensorwire.bench.scale import _tallies
+from tensorwire.bench.scale import _tallies, client_procs, cpu_seconds
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ENV = os.environ | {"COLUMNS": "220", "PYTHONPATH": f"{SRC}{os.pathsep}"}
@@ -47,7 +47,28 @@ def test_a_tiny_run_has_a_row_per_case_and_writes_its_files(tmp_path: Path):
         if r["transport"] == "tcp":  # a socket per client (mqtt's hub: one broker link)
             assert r["fds_per_client"] >= 1 and r["hub_fds"] >= r["clients"]
         assert r["hub_threads"] >= 1 and r["hub_rss_mb"] > 0
+        assert r["client_procs"] == 2 and r["clients_cpu_s"] >= 0.0  # ticks of 10 ms: may be 0
     assert (out / "scale.png").exists()
+
+
+def test_client_processes_hold_at_most_a_hundred_clients_each_unless_told():
+    assert [client_procs(n) for n in (2, 10, 400, 401, 2000, 5000, 9000)] == [
+        2, 4, 4, 5, 20, 50, 64
+    ]  # fmt: skip
+    assert client_procs(2000, 4) == 4 and client_procs(3, 8) == 3
+
+
+def test_cpu_seconds_counts_a_busy_child_and_not_one_that_ended():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while cpu_seconds([busy.pid]) < 0.05:  # polled: it burns CPU from its start
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert cpu_seconds([busy.pid]) == 0.0  # reaped: nothing left to read
 
 
 def test_a_client_process_that_dies_or_hangs_is_counted_by_the_deadline():

@@ -1,12 +1,14 @@
 """``tensorwire bench scale``: one hub, many clients, on loopback, per transport.
 
 For each transport and each client count N: a hub in this process; N clients held by
-``procs`` client processes, a thread each (``tensorwire.bench.scale_clients``). Timed here:
+client processes, a thread each (``tensorwire.bench.scale_clients``): ``procs`` of them, or
+by default enough that none holds more than :data:`CLIENTS_PER_PROC`. Timed here:
 
 - ``join_s``: from starting the client processes until the hub counts N members;
 - ``broadcast_s``: ``hub.broadcast`` of ``broadcast_bytes`` of float32 to all N;
 - ``gather_s``: until the hub has received a ``reply_bytes`` reply from each;
 - ``hub_cpu_s``: this process's CPU time (every thread) over join + broadcast + gather;
+- ``clients_cpu_s``: the client processes' CPU time (all of them) over broadcast + gather;
 - per client, with N clients joined, against the hub before any joined: ``rss_kb``,
   ``threads`` and ``fds`` (from ``/proc/self``); and the hub's whole ``hub_threads``,
   ``hub_fds`` and ``hub_rss_mb`` then, with every client joined and idle.
@@ -43,6 +45,14 @@ MAX_CLIENTS = 5000
 BROADCAST_BYTES = 1 << 20
 REPLY_BYTES = 100 << 10
 PROCS = 4
+"""The fewest client processes."""
+CLIENTS_PER_PROC = 100
+"""The most clients one client process holds, unless told ``procs``. A broadcast that reaches
+every client at once (shm's does: its bytes are already there) wakes all of a process's
+threads together, and they queue for its interpreter lock: measured at 1,000 shm clients,
+4 processes of 250 spent 10 s of CPU (mostly futex waits, and the kernel's task switches) on
+what 20 processes of 50 did in 1.2 s. That is the test harness's cost, not the hub's."""
+MAX_PROCS = 64
 TIMEOUT = 300.0
 """Seconds one case (a transport at one N) may take in all."""
 ERROR_CHARS = 400
@@ -83,6 +93,29 @@ def _private_hub_url(transport: str, devices: int) -> Iterator[str]:
         return
     with broker.load("server")(devices=devices) as server:
         yield server.url(f"tw-scale-{os.getpid()}")
+
+
+def client_procs(n: int, procs: int | None = None) -> int:
+    """How many client processes hold ``n`` clients: ``procs`` if given, else enough that
+    each holds at most :data:`CLIENTS_PER_PROC` (at least :data:`PROCS`, at most
+    :data:`MAX_PROCS`); never more than ``n``."""
+    if procs is None:
+        procs = min(MAX_PROCS, max(PROCS, -(-n // CLIENTS_PER_PROC)))
+    return max(1, min(procs, n))
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """The CPU time (user + system, every thread) the processes ``pids`` have used so far;
+    one that has ended counts 0."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _spawn(url: str, n: int, procs: int, reply_bytes: int, timeout: float) -> list[Any]:
@@ -143,7 +176,7 @@ def scale_case(
     transport: str,
     n: int,
     *,
-    procs: int = PROCS,
+    procs: int | None = None,
     broadcast_bytes: int = BROADCAST_BYTES,
     reply_bytes: int = REPLY_BYTES,
     timeout: float = TIMEOUT,
@@ -153,7 +186,7 @@ def scale_case(
     row: dict[str, Any] = {"transport": transport, "clients": n}
     with _private_hub_url(transport, n) as url, tensorwire.serve(url, codec=None) as hub:
         before = usage()
-        procs_ = _spawn(hub.url, n, min(procs, n), reply_bytes, timeout)
+        procs_ = _spawn(hub.url, n, client_procs(n, procs), reply_bytes, timeout)
         try:
             _start(procs_, deadline)
             cpu0 = time.process_time()
@@ -161,6 +194,7 @@ def scale_case(
             hub.wait_for(n, timeout=deadline - time.monotonic())
             t1 = time.monotonic()
             held = usage()
+            clients_cpu0 = cpu_seconds([p.pid for p in procs_])
             weights = np.ones(broadcast_bytes // 4, np.float32)
             hub.broadcast({"w": weights}, timeout=deadline - time.monotonic())
             t2 = time.monotonic()
@@ -168,6 +202,7 @@ def scale_case(
                 hub.recv(timeout=deadline - time.monotonic())
             t3 = time.monotonic()
             cpu = time.process_time() - cpu0
+            clients_cpu = cpu_seconds([p.pid for p in procs_]) - clients_cpu0
             hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
         except TransportError as exc:  # its text may list thousands of client ids: cut short
             row["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
@@ -183,6 +218,8 @@ def scale_case(
         gather_s=t3 - t2,
         per_client_ms=1000 * (t3 - t1) / n,
         hub_cpu_s=cpu,
+        clients_cpu_s=clients_cpu,
+        client_procs=len(procs_),
         rss_kb_per_client=(held["rss_kb"] - before["rss_kb"]) / n,
         threads_per_client=(held["threads"] - before["threads"]) / n,
         fds_per_client=(held["fds"] - before["fds"]) / n,
@@ -191,6 +228,8 @@ def scale_case(
         hub_rss_mb=held["rss_kb"] / 1024,
         clients_failed=tally["failed"],
     )
+    if tally["failed"]:
+        row["clients_error"] = str(tally.get("error", ""))[:ERROR_CHARS]
     return row
 
 

@@ -20,6 +20,8 @@ COLUMNS = [
     "gather_s",
     "per_client_ms",
     "hub_cpu_s",
+    "clients_cpu_s",
+    "client_procs",
     "rss_kb_per_client",
     "threads_per_client",
     "fds_per_client",
@@ -32,9 +34,11 @@ COLUMNS = [
 LEGEND = (
     "join_s, broadcast_s, gather_s: wall time of the whole step for all clients; "
     "join_ms_per_client: join_s / clients; per_client_ms: (broadcast + gather) / clients; "
-    "hub_cpu_s: the hub process's CPU over the three steps; rss_kb, threads, fds per client: "
-    "the hub process's growth with every client joined / clients; hub_threads, hub_fds, "
-    "hub_rss_mb: the hub process's totals then (every client joined, idle)."
+    "hub_cpu_s: the hub process's CPU over the three steps; clients_cpu_s: all client "
+    "processes' CPU over broadcast and gather; client_procs: how many held the clients; "
+    "rss_kb, threads, fds per client: the hub process's growth with every client joined / "
+    "clients; hub_threads, hub_fds, hub_rss_mb: the hub process's totals then (every client "
+    "joined, idle)."
 )
 
 
@@ -46,8 +50,14 @@ def bench_scale_cmd(
         str, typer.Option(help="Comma-separated client counts, 1 to 5000.")
     ] = "10,100,1000",
     procs: Annotated[
-        int, typer.Option(min=1, max=64, help="Client processes holding the clients.")
-    ] = 4,
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Client processes holding the clients (default: enough that none holds over "
+            "100, at least 4).",
+        ),
+    ] = None,
     broadcast_kib: Annotated[int, typer.Option(min=1, help="Broadcast size, KiB.")] = 1024,
     reply_kib: Annotated[int, typer.Option(min=1, help="Each client's reply, KiB.")] = 100,
     timeout: Annotated[
@@ -89,6 +99,11 @@ def bench_scale_cmd(
     for r in rows:
         if "error" in r:
             console.print(f"[red]{r['transport']} at {r['clients']} clients:[/] {r['error']}")
+        elif r.get("clients_error"):
+            console.print(
+                f"[yellow]{r['transport']} at {r['clients']} clients: {r['clients_failed']} "
+                f"failed[/], the first: {r['clients_error']}"
+            )
     out_dir = results_dir(out, "bench-scale")
     paths = write_rows(rows, out_dir, "scale")
     if good:
