@@ -14,9 +14,11 @@ from rich.table import Table
 
 
 def write_rows(rows: Sequence[dict[str, Any]], out_dir: Path, name: str) -> list[Path]:
-    """Write ``rows`` to ``out_dir/name.csv`` and ``.parquet``; return the paths."""
+    """Write ``rows`` to ``out_dir/name.csv`` and ``.parquet``; return the paths. A column is
+    every key any row has (empty where a row has none: a failed case's ``error``, say)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(list(rows))
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    table = pa.Table.from_pylist([{k: row.get(k) for k in keys} for row in rows])
     csv_path, parquet_path = out_dir / f"{name}.csv", out_dir / f"{name}.parquet"
     flat = [i for i, f in enumerate(table.schema) if not pa.types.is_nested(f.type)]
     pyarrow.csv.write_csv(table.select(flat), csv_path)  # CSV has no lists: Parquet keeps them
