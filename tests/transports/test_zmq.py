@@ -178,6 +178,35 @@ def test_reconnect_before_the_hub_noticed_the_drop_takes_the_id_over(hub):
         ch.close()
 
 
+def test_a_reconnected_clients_sends_go_to_its_new_session_from_its_welcome_on(hub, monkeypatch):
+    # Beside a CPU hog the hub's reader was held up between queueing a welcome and moving
+    # the client's route: the client had its welcome, the hub still counted its old session,
+    # and a send went to that session's closed pipe ("not connected"). The route now moves
+    # in the same hold of the ROUTER lock as the welcome is queued.
+    ch = tensorwire.connect(hub.url, client_id="r")
+    seen: dict[str, bytes | None] = {}
+    say = hub._say
+
+    def watched(ident, enc, what, route=None):
+        queued = say(ident, enc, what, route=route)
+        if what == "welcome":
+            with hub._lock:
+                seen.update(ident=ident, route=hub._route.get("r"))
+        return queued
+
+    try:
+        hub.wait_for(1, timeout=T)
+        monkeypatch.setattr(hub, "_say", watched)
+        ch.reconnect(timeout=T)
+        assert until(lambda: "ident" in seen)
+        assert seen["route"] == seen["ident"]  # already this session's when the welcome left
+        hub.wait_for(1, timeout=T)
+        hub.send("r", {"v": np.arange(5)}, timeout=T)
+        assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(5))
+    finally:
+        ch.close()
+
+
 def test_messages_to_a_client_arrive_in_the_order_sent(hub):
     ch = tensorwire.connect(hub.url, client_id="o")
     try:

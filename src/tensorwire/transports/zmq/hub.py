@@ -378,15 +378,16 @@ class ZmqHub(RouterOutbound, Hub):
         hello = session.hello
         assert hello is not None
         self._read_monitor()  # closed connections first: the fd of this hello may be reused
-        if not self._say(ident, session.welcome(), "welcome"):
+        with self._lock:
+            old = self._route.get(hello.client_id)
+        # The route moves with the welcome: a send right after the client has its welcome
+        # goes to this session, not to the one it replaces (which may be closed already).
+        if not self._say(ident, session.welcome(), "welcome", route=hello.client_id):
             self._refused(who, TransportError("its queue is full: it reads nothing"))
             return None
         self._strangers.pop(ident, None)
         reader.set_limits(self.limits)  # a member: its messages may be as large as ours
         peer = Peer(hello.client_id, ident, frames[-1].get(zmq.SRCFD), session, reader)
-        with self._lock:
-            old = self._route.get(peer.client_id)
-            self._route[peer.client_id] = ident
         if old is not None:
             self._peers.pop(old, None)  # its later messages get a bye: the session is over
         self._peers[ident] = peer

@@ -78,9 +78,11 @@ class RouterOutbound:
         if self._polling and readable(self._router):
             wake(self._wake_w)
 
-    def _say(self, ident: bytes, enc: EncodedMessage, what: str) -> bool:
+    def _say(self, ident: bytes, enc: EncodedMessage, what: str, route: str | None = None) -> bool:
         """Queue a control message if the peer's queue has room (never waits: the reader
-        thread sends these); False if it could not."""
+        thread sends these); False if it could not. ``route``: once it is queued, that
+        client's sends go to ``ident``, in the same hold of the lock (a welcome: no send can
+        fall between it and the route, nor go to the session it replaces)."""
         trackers: list[zmq.MessageTracker] = []
         with self._lock:
             try:
@@ -89,6 +91,8 @@ class RouterOutbound:
                     for piece in message_pieces(enc)
                 )
                 why = "its queue is full"
+                if queued and route is not None:
+                    self._route[route] = ident
             except zmq.ZMQError as exc:
                 queued, why = False, str(exc)
             finally:
