@@ -79,9 +79,12 @@ class BlockRunner:
         for i, block in enumerate(self.blocks[: index + 1]):
             if i in self.results or block.verdict != "run":
                 continue
-            self.results[i] = self._run(i, block)
-            if i < index and self.results[i].returncode != 0:
-                pytest.fail(f"{block.where}, a block above this one, failed")
+            self.results[i] = done = self._run(i, block)
+            if i < index and done.returncode != 0:  # its output says why (it passed alone?)
+                pytest.fail(
+                    f"{block.where}, a block above this one, exited {done.returncode}\n"
+                    f"--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-3000:]}"
+                )
         return self.results[index]
 
     def _run(self, i: int, block: Block) -> subprocess.CompletedProcess[str]:
