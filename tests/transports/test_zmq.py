@@ -181,17 +181,19 @@ def test_reconnect_before_the_hub_noticed_the_drop_takes_the_id_over(hub):
 def test_a_reconnected_clients_sends_go_to_its_new_session_from_its_welcome_on(hub, monkeypatch):
     # Beside a CPU hog the hub's reader was held up between queueing a welcome and moving
     # the client's route: the client had its welcome, the hub still counted its old session,
-    # and a send went to that session's closed pipe ("not connected"). The route now moves
-    # in the same hold of the ROUTER lock as the welcome is queued.
+    # and a send went to that session's closed pipe ("not connected"). The route and the
+    # membership (its codecs) now move in the same hold of the ROUTER lock as the welcome.
     ch = tensorwire.connect(hub.url, client_id="r")
     seen: dict[str, bytes | None] = {}
     say = hub._say
 
-    def watched(ident, enc, what, route=None):
-        queued = say(ident, enc, what, route=route)
+    def watched(ident, enc, what, then=None):
+        queued = say(ident, enc, what, then=then)
         if what == "welcome":
             with hub._lock:
                 seen.update(ident=ident, route=hub._route.get("r"))
+            with hub._cond:
+                seen["member"] = hub._members["r"].session.ident
         return queued
 
     try:
@@ -199,7 +201,8 @@ def test_a_reconnected_clients_sends_go_to_its_new_session_from_its_welcome_on(h
         monkeypatch.setattr(hub, "_say", watched)
         ch.reconnect(timeout=T)
         assert until(lambda: "ident" in seen)
-        assert seen["route"] == seen["ident"]  # already this session's when the welcome left
+        # already this session's when the welcome left: its route, and its membership (codecs)
+        assert seen["route"] == seen["ident"] == seen["member"]
         hub.wait_for(1, timeout=T)
         hub.send("r", {"v": np.arange(5)}, timeout=T)
         assert np.array_equal(ch.recv(timeout=T)["v"], np.arange(5))

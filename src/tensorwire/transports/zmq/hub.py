@@ -378,26 +378,35 @@ class ZmqHub(RouterOutbound, Hub):
         hello = session.hello
         assert hello is not None
         self._read_monitor()  # closed connections first: the fd of this hello may be reused
+        peer = Peer(hello.client_id, ident, frames[-1].get(zmq.SRCFD), session, reader)
         with self._lock:
-            old = self._route.get(hello.client_id)
-        # The route moves with the welcome: a send right after the client has its welcome
-        # goes to this session, not to the one it replaces (which may be closed already).
-        if not self._say(ident, session.welcome(), "welcome", route=hello.client_id):
+            old = self._route.get(peer.client_id)
+        replaced: list[bool] = []
+
+        def take_over() -> None:
+            # With the welcome, in one hold of the ROUTER lock: a send right after the client
+            # has its welcome finds this session's codecs and limits and goes to this session,
+            # not to the one it replaces (whose pipe may be closed already).
+            self._route[peer.client_id] = ident
+            replaced.append(
+                self._make_member(
+                    peer.client_id,
+                    hello.decoders,
+                    session=peer,
+                    max_message_bytes=hello.max_message_bytes,
+                )
+            )
+
+        if not self._say(ident, session.welcome(), "welcome", then=take_over):
             self._refused(who, TransportError("its queue is full: it reads nothing"))
             return None
         self._strangers.pop(ident, None)
         reader.set_limits(self.limits)  # a member: its messages may be as large as ours
-        peer = Peer(hello.client_id, ident, frames[-1].get(zmq.SRCFD), session, reader)
         if old is not None:
             self._peers.pop(old, None)  # its later messages get a bye: the session is over
         self._peers[ident] = peer
         self._on_fd[peer.fd] = ident
-        self._joined(
-            peer.client_id,
-            hello.decoders,
-            session=peer,
-            max_message_bytes=hello.max_message_bytes,
-        )
+        self._announce_member(peer.client_id, replaced[0])
         return peer
 
     def _end(self, peer: Peer, reason: str) -> None:

@@ -9,6 +9,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
@@ -78,11 +79,12 @@ class RouterOutbound:
         if self._polling and readable(self._router):
             wake(self._wake_w)
 
-    def _say(self, ident: bytes, enc: EncodedMessage, what: str, route: str | None = None) -> bool:
+    def _say(
+        self, ident: bytes, enc: EncodedMessage, what: str, then: Callable[[], None] | None = None
+    ) -> bool:
         """Queue a control message if the peer's queue has room (never waits: the reader
-        thread sends these); False if it could not. ``route``: once it is queued, that
-        client's sends go to ``ident``, in the same hold of the lock (a welcome: no send can
-        fall between it and the route, nor go to the session it replaces)."""
+        thread sends these); False if it could not. ``then`` runs once it is queued, in the
+        same hold of the lock (a welcome's: no send can fall between it and what it sets)."""
         trackers: list[zmq.MessageTracker] = []
         with self._lock:
             try:
@@ -91,8 +93,8 @@ class RouterOutbound:
                     for piece in message_pieces(enc)
                 )
                 why = "its queue is full"
-                if queued and route is not None:
-                    self._route[route] = ident
+                if queued and then is not None:
+                    then()
             except zmq.ZMQError as exc:
                 queued, why = False, str(exc)
             finally:
