@@ -97,6 +97,7 @@ class _Handshake:
 @dataclass(frozen=True)
 class _Joined:
     hello: Hello
+    replaced: bool  # it took the place of a session of the same client
 
 
 def _close(sock: socket.socket) -> None:
@@ -343,20 +344,33 @@ class UdpHub(Hub):
             seal=seal,
         )
         hs.writer.on_broken = lambda exc: self._broken(flow, exc)
+        # The welcome, the flow and the membership (the client's codecs and limits) in one
+        # hold of the lock that senders look flows up under: a client that has its welcome
+        # finds the hub knowing this session, and no send reaches it before the welcome.
         with self._lock:
             old = self._flows.get(cid)
-            self._flows[cid] = flow
+            try:
+                flow.writer.write(session.welcome())  # queued, never waits
+            except PeerGone as exc:
+                broken: PeerGone | None = exc
+            else:
+                broken = None
+                self._flows[cid] = flow
+                replaced = self._make_member(
+                    cid, hello.decoders, session=flow, max_message_bytes=hello.max_message_bytes
+                )
+        if broken is not None:  # never a member: nobody saw this flow
+            flow.close(broken)
+            self._loop.remove(hs.sock)
+            _close(hs.sock)
+            log.info("udp: the welcome to %r could not be sent: %s", cid, broken)
+            return
         if old is not None:
             log.info("udp: client %r reconnected from %s; closing its old session", cid, address)
             self._drop_flow(old, "replaced by a new session")
         self._by_address[peer_key(address)] = flow
         self._loop.set_reader(hs.sock, lambda: self._on_control(flow))
-        self._inbound.put((flow, _Joined(hello)))
-        try:
-            flow.writer.write(session.welcome())
-        except PeerGone as exc:
-            self._drop_flow(flow, str(exc))
-            return
+        self._inbound.put((flow, _Joined(hello, replaced)))
         self._handle_control(flow, rest)
 
     def _broken(self, flow: Flow, exc: PeerGone) -> None:
@@ -432,10 +446,7 @@ class UdpHub(Hub):
         cid = flow.label
         if isinstance(got, _Joined):
             self._previous.pop(cid, None)  # a new session starts from fresh arrays
-            hello = got.hello
-            self._joined(
-                cid, hello.decoders, session=flow, max_message_bytes=hello.max_message_bytes
-            )
+            self._announce_member(cid, got.replaced)  # a member since its welcome
         elif isinstance(got, PeerGone):
             self._previous.pop(cid, None)
             self._left(cid, str(got), session=flow)
