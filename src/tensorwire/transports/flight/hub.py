@@ -199,24 +199,32 @@ class FlightHub(Hub):
         """Make ``peer`` the member for its client id (ending an older session), with its
         welcome first on its downlink; False if the hub is closing."""
         cid = peer.client_id
-        try:
-            peer.submit(Job(control=peer.session.welcome().to_bytes()))
-        except PeerGone:  # its downlink broke already
-            return False
+        welcome = Job(control=peer.session.welcome().to_bytes())
+        # The welcome, the peer and the membership (its codecs and limits) in one hold of the
+        # lock senders look peers up under: a client that has its welcome finds the hub
+        # knowing this session, and no send reaches it before the welcome.
         with self._sessions:
             closing = self._closing
             if not closing:
+                try:
+                    peer.submit(welcome)  # queued on its downlink, never waits
+                except PeerGone:  # its downlink broke already
+                    return False
                 old = self._peers.get(cid)
                 self._peers[cid] = peer
+                replaced = self._make_member(
+                    cid,
+                    peer.hello.decoders,
+                    session=peer,
+                    max_message_bytes=peer.hello.max_message_bytes,
+                )
         if closing:
             peer.stop("the hub is closing")
             return False
         if old is not None:
             log.info("flight: client %r reconnected; ending its old session", cid)
             old.stop("replaced by a new session")
-        self._joined(
-            cid, peer.hello.decoders, session=peer, max_message_bytes=peer.hello.max_message_bytes
-        )
+        self._announce_member(cid, replaced)
         if peer.gone is not None:  # it ended while joining: its leave may have found no member
             self._end(peer, peer.gone)
             self._left(cid, peer.gone, session=peer)

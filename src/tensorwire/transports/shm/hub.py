@@ -87,7 +87,8 @@ class ShmHub(Hub):
         )
 
     def _handshake(self, sock: socket.socket, _address: Any) -> tuple[socket.socket, HubSession]:
-        """Read the hello (under HELLO_LIMITS) and answer it; raise why if it is refused."""
+        """Read the hello (under HELLO_LIMITS); raise why if it is refused. Its welcome goes
+        out as the client becomes a member (:meth:`_serve_connection`)."""
         deadline = deadline_after(HANDSHAKE_TIMEOUT)
         buf = bytearray(HELLO_LIMITS.max_message_bytes)
         n, fds = recv_packet(sock, memoryview(buf), deadline)
@@ -102,7 +103,6 @@ class ShmHub(Hub):
             with contextlib.suppress(TransportError):  # it hung up: nothing to tell
                 send_packet(sock, [session.refusal(exc).to_bytes()], deadline_after(BYE_TIMEOUT))
             raise
-        send_packet(sock, [session.welcome().to_bytes()], deadline)
         return sock, session
 
     def _serve_connection(self, admitted: tuple[socket.socket, HubSession]) -> None:
@@ -113,13 +113,30 @@ class ShmHub(Hub):
         cid = hello.client_id
         conn = Connection(sock, cid)
         mappings = Mappings(conn, self._releaser.queue)
+        # The welcome, the connection and the membership (its codecs and limits) in one hold
+        # of the lock senders look connections up under: a client that has its welcome finds
+        # the hub knowing this session, and no send reaches it before the welcome.
         with self._lock:
             old = self._conns.get(cid)
-            self._conns[cid] = conn
+            try:  # a new connection's buffer is empty: the welcome never waits for room
+                send_packet(sock, [session.welcome().to_bytes()], deadline_after(BYE_TIMEOUT))
+            except TransportError as exc:
+                unwelcome: TransportError | None = exc
+            else:
+                unwelcome = None
+                self._conns[cid] = conn
+                replaced = self._make_member(
+                    cid, hello.decoders, session=conn, max_message_bytes=hello.max_message_bytes
+                )
+        if unwelcome is not None:
+            log.info("shm: the welcome to %r could not be sent: %s", cid, unwelcome)
+            mappings.close()
+            sock.close()
+            return
         if old is not None:
             log.info("shm: client %r reconnected; closing its old connection", cid)
             old.shutdown()
-        self._joined(cid, hello.decoders, session=conn, max_message_bytes=hello.max_message_bytes)
+        self._announce_member(cid, replaced)
         reason = self._read_loop(conn, mappings, session)
         with self._lock:
             current = self._conns.get(cid) is conn
