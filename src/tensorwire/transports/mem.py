@@ -103,15 +103,22 @@ class MemHub(Hub):
                 self._rejected(conn.session.client_id or conn.name, exc)
             return
         if isinstance(event, Joined):
-            conn.to_channel.put(conn.session.welcome().to_bytes())
-            self._joined(event.client_id, event.hello.decoders, conn, event.hello.max_message_bytes)
+            # The welcome and the membership in one hold of the lock sends look members up
+            # under: a client that has its welcome finds the hub knowing its codecs.
+            with self._cond:
+                conn.to_channel.put(conn.session.welcome().to_bytes())  # a new queue: room
+                replaced = self._make_member(
+                    event.client_id, event.hello.decoders, conn, event.hello.max_message_bytes
+                )
+            self._announce_member(event.client_id, replaced)
         elif isinstance(event, Data):
             self._delivered(conn.session.client_id or conn.name, msg)
         elif isinstance(event, Closed):
             conn.hang_up(event.reason)
 
     def _send_encoded(self, client_id: str, enc: EncodedMessage, deadline: float | None) -> None:
-        member = self._members.get(client_id)
+        with self._cond:
+            member = self._members.get(client_id)
         if member is None or not isinstance(member.session, _Connection):
             raise PeerGone(self._not_connected(client_id))
         member.session.to_channel.put(enc.to_bytes(), deadline)
