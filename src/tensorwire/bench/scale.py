@@ -187,6 +187,7 @@ def scale_case(
     with _private_hub_url(transport, n) as url, tensorwire.serve(url, codec=None) as hub:
         before = usage()
         procs_ = _spawn(hub.url, n, client_procs(n, procs), reply_bytes, timeout)
+        pids = [p.pid for p in procs_]
         try:
             _start(procs_, deadline)
             cpu0 = time.process_time()
@@ -194,7 +195,7 @@ def scale_case(
             hub.wait_for(n, timeout=deadline - time.monotonic())
             t1 = time.monotonic()
             held = usage()
-            clients_cpu0 = cpu_seconds([p.pid for p in procs_])
+            clients_cpu0 = cpu_seconds(pids)
             weights = np.ones(broadcast_bytes // 4, np.float32)
             hub.broadcast({"w": weights}, timeout=deadline - time.monotonic())
             t2 = time.monotonic()
@@ -202,7 +203,7 @@ def scale_case(
                 hub.recv(timeout=deadline - time.monotonic())
             t3 = time.monotonic()
             cpu = time.process_time() - cpu0
-            clients_cpu = cpu_seconds([p.pid for p in procs_]) - clients_cpu0
+            clients_cpu = cpu_seconds(pids) - clients_cpu0
             hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
         except TransportError as exc:  # its text may list thousands of client ids: cut short
             row["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
@@ -219,7 +220,7 @@ def scale_case(
         per_client_ms=1000 * (t3 - t1) / n,
         hub_cpu_s=cpu,
         clients_cpu_s=clients_cpu,
-        client_procs=len(procs_),
+        client_procs=len(pids),
         rss_kb_per_client=(held["rss_kb"] - before["rss_kb"]) / n,
         threads_per_client=(held["threads"] - before["threads"]) / n,
         fds_per_client=(held["fds"] - before["fds"]) / n,

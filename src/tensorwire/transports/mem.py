@@ -107,9 +107,7 @@ class MemHub(Hub):
             # under: a client that has its welcome finds the hub knowing its codecs.
             with self._cond:
                 conn.to_channel.put(conn.session.welcome().to_bytes())  # a new queue: room
-                replaced = self._make_member(
-                    event.client_id, event.hello.decoders, conn, event.hello.max_message_bytes
-                )
+                replaced = self._member_from(event.hello, conn)
             self._announce_member(event.client_id, replaced)
         elif isinstance(event, Data):
             self._delivered(conn.session.client_id or conn.name, msg)

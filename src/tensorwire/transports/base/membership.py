@@ -14,7 +14,7 @@ from tensorwire.errors import TransportTimeout
 from tensorwire.transports.base.dialling import deadline_after, remaining
 from tensorwire.transports.base.endpoint import _Endpoint
 from tensorwire.transports.base.logs import OPEN_DOOR, _log_limited, log
-from tensorwire.transports.session import Authenticate
+from tensorwire.transports.session import Authenticate, Hello
 from tensorwire.transports.url import redacted
 
 MAX_EVENTS = 10_000  # membership events kept per hub
@@ -100,6 +100,14 @@ class Membership(_Endpoint):
             self._members[client_id] = _Member(decoders, max_message_bytes, session)
             self._cond.notify_all()
         return replaced
+
+    def _member_from(self, hello: Hello, session: object) -> bool:
+        """:meth:`_make_member` for the client ``hello`` names, with its codecs and limit, on
+        ``session``: a hub calls it where the welcome is queued, in the same hold of the lock
+        its sends look connections up under, then :meth:`_announce_member` outside it."""
+        return self._make_member(
+            hello.client_id, hello.decoders, session, max_message_bytes=hello.max_message_bytes
+        )
 
     def _announce_member(self, client_id: str, replaced: bool) -> None:
         """The other half of :meth:`_joined`: the log line, event and ``on_join``."""

@@ -212,12 +212,7 @@ class FlightHub(Hub):
                     return False
                 old = self._peers.get(cid)
                 self._peers[cid] = peer
-                replaced = self._make_member(
-                    cid,
-                    peer.hello.decoders,
-                    session=peer,
-                    max_message_bytes=peer.hello.max_message_bytes,
-                )
+                replaced = self._member_from(peer.hello, peer)
         if closing:
             peer.stop("the hub is closing")
             return False

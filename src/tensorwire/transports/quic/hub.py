@@ -207,9 +207,7 @@ class QuicHub(Hub):
             log.info("quic: client %r reconnected from %s; closing its old connection", cid, who)
             old.close(APP_REPLACED, "replaced by a new connection of the same client")
             self._sessions.pop(old, None)
-        replaced = self._make_member(
-            cid, hello.decoders, session=connection, max_message_bytes=hello.max_message_bytes
-        )
+        replaced = self._member_from(hello, connection)
         self._send_now(connection, session.welcome())
         self._announce_member(cid, replaced)
 

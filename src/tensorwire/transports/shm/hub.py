@@ -125,9 +125,7 @@ class ShmHub(Hub):
             else:
                 unwelcome = None
                 self._conns[cid] = conn
-                replaced = self._make_member(
-                    cid, hello.decoders, session=conn, max_message_bytes=hello.max_message_bytes
-                )
+                replaced = self._member_from(hello, conn)
         if unwelcome is not None:
             log.info("shm: the welcome to %r could not be sent: %s", cid, unwelcome)
             mappings.close()

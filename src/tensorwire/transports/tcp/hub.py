@@ -132,9 +132,7 @@ class TcpHub(Hub):
             if old is not None:
                 log.info("tcp: client %r reconnected from %s; closing its old one", cid, addr)
                 shutdown(old.sock)
-            replaced = self._make_member(
-                cid, hello.decoders, session=peer, max_message_bytes=hello.max_message_bytes
-            )
+            replaced = self._member_from(hello, peer)
             try:
                 send_encoded(conn, session.welcome(), deadline_after(HANDSHAKE_TIMEOUT))
             except TransportError as exc:

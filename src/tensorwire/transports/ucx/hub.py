@@ -155,9 +155,7 @@ class UcxHub(Hub):
             if old is not None:
                 log.info("ucx: client %r reconnected; closing its old connection", cid)
                 old.pipe.close()
-            replaced = self._make_member(
-                cid, hello.decoders, session=peer, max_message_bytes=hello.max_message_bytes
-            )
+            replaced = self._member_from(hello, peer)
             try:
                 pipe.send_locked(session.welcome(), deadline_after(HANDSHAKE_TIMEOUT))
             except TransportError as exc:

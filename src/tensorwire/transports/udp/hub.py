@@ -356,9 +356,7 @@ class UdpHub(Hub):
             else:
                 broken = None
                 self._flows[cid] = flow
-                replaced = self._make_member(
-                    cid, hello.decoders, session=flow, max_message_bytes=hello.max_message_bytes
-                )
+                replaced = self._member_from(hello, flow)
         if broken is not None:  # never a member: nobody saw this flow
             flow.close(broken)
             self._loop.remove(hs.sock)

@@ -388,14 +388,7 @@ class ZmqHub(RouterOutbound, Hub):
             # has its welcome finds this session's codecs and limits and goes to this session,
             # not to the one it replaces (whose pipe may be closed already).
             self._route[peer.client_id] = ident
-            replaced.append(
-                self._make_member(
-                    peer.client_id,
-                    hello.decoders,
-                    session=peer,
-                    max_message_bytes=hello.max_message_bytes,
-                )
-            )
+            replaced.append(self._member_from(hello, peer))
 
         if not self._say(ident, session.welcome(), "welcome", then=take_over):
             self._refused(who, TransportError("its queue is full: it reads nothing"))
