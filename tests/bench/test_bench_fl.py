@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pandas as pd
 import pytest
@@ -244,3 +245,25 @@ def test_without_namespaces_it_says_so_and_labels_everything_unshaped_loopback(
     assert manifest["label"] == "unshaped loopback" and manifest["shaped"] is False
     page = summary.report.read_text()
     assert "unshaped loopback" in page and "packet loss needs the namespace testbed" in page
+    # the server took a port the kernel gave it (none picked here and bound later), and the
+    # devices were sent to that one
+    (progress,) = (tmp_path / "run").rglob("progress.jsonl")
+    events = [json.loads(line) for line in progress.read_text().splitlines()]
+    ready = next(e for e in events if e["event"] == "ready")
+    device_url = json.loads((progress.parent / "manifest.json").read_text())["device_url"]
+    assert urlsplit(ready["url"]).port == urlsplit(device_url).port != 0
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "udp", "zmq", "flight", "quic"])
+def test_on_loopback_the_server_asks_for_port_0_and_devices_go_where_it_listens(protocol):
+    from tensorwire.bench.fl.endpoints import endpoints
+    from tensorwire.bench.fl_matrix import Matrix
+    from tensorwire.testbed import LoopbackTestbed
+
+    (exp,) = Matrix(protocols=(protocol,), dataset="synthetic", clients=2, rounds=1).experiments()
+    with endpoints(LoopbackTestbed(devices=2), exp) as ends:
+        assert urlsplit(ends.server_url).port == 0 and ends.bound is not None
+        there = ends.bound(43210)
+    assert urlsplit(there.device_url).port == 43210
+    assert all(urlsplit(ends.url_of(i)).port == 0 for i in (1, 2))
+    assert all(urlsplit(there.url_of(i)).port == 43210 for i in (1, 2))

@@ -7,8 +7,7 @@ import contextlib
 import dataclasses
 import inspect
 import os
-import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +23,6 @@ SERVER_PORT = 5555  # the FL server's port in the server namespace (a fresh one:
 PACE = 0.95
 
 
-def _free_port() -> int:
-    """A port free for both TCP and UDP on 127.0.0.1 (udp:// takes the same number for both)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind(("127.0.0.1", 0))
-            port = tcp.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                try:
-                    udp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-
-
 @dataclasses.dataclass
 class Endpoints:
     """Where the server listens and where devices connect (``device_urls``: each device's
@@ -49,6 +34,9 @@ class Endpoints:
     broker: dict[str, Any] | None = None
     device_urls: list[str] | None = None
     broker_server: Any = None  # the running broker (restarted by a fault), if there is one
+    bound: Callable[[int], Endpoints] | None = None
+    """Set where the server listens on port 0 (loopback: no port is picked here and bound
+    later, a race with every other process): these endpoints once it listens on a port."""
 
     def url_of(self, device: int) -> str:
         """The URL device ``device`` (1-based) connects to."""
@@ -107,17 +95,24 @@ def endpoints(
             yield Endpoints(url, url, facts, broker_server=broker)
         return
     address = testbed.server_address
-    port = SERVER_PORT if testbed.shaped else _free_port()
     listen = "0.0.0.0" if testbed.shaped else address
-    server = _with_query(f"{entry.scheme}://{listen}:{port}", hub_params)
-    device = _with_query(f"{entry.scheme}://{address}:{port}", hub_params)
-    each = None
-    if entry.paced and device_rates:
-        each = [
-            _with_query(f"{entry.scheme}://{address}:{port}", [*params, f"rate={int(r * PACE)}"])
-            for r in device_rates
-        ]
-    yield Endpoints(server, device, device_urls=each)
+
+    def at(port: int) -> Endpoints:
+        server = _with_query(f"{entry.scheme}://{listen}:{port}", hub_params)
+        device = _with_query(f"{entry.scheme}://{address}:{port}", hub_params)
+        each = None
+        if entry.paced and device_rates:
+            each = [
+                _with_query(
+                    f"{entry.scheme}://{address}:{port}", [*params, f"rate={int(r * PACE)}"]
+                )
+                for r in device_rates
+            ]
+        return Endpoints(server, device, device_urls=each)
+
+    # A fresh server namespace has its fixed port free; on loopback the server takes one the
+    # kernel gives it (udp:// one free for both TCP and UDP), and says which when it listens.
+    yield at(SERVER_PORT) if testbed.shaped else dataclasses.replace(at(0), bound=at)
 
 
 def _takes(cls: Any, name: str) -> bool:

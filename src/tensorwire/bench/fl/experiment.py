@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 
 from tensorwire.bench.fl.commands import (
+    JOIN_TIMEOUT,
     device_command,
     experiment_limit,
     round_deadline,
@@ -60,8 +62,34 @@ class ProgressReader:
         self.ack_path = path.with_name(path.name + ".ack")
         self._offset = path.stat().st_size if from_end and path.is_file() else 0
         self._partial = b""
+        self._pending: list[dict[str, Any]] = []
 
     def events(self) -> list[dict[str, Any]]:
+        pending, self._pending = self._pending, []
+        return pending + self._read()
+
+    def wait_for(self, name: str, server: subprocess.Popen[Any], timeout: float) -> dict[str, Any]:
+        """The server's first ``name`` event (the others stay to be read); ExperimentFailed
+        if the server exits or ``timeout`` seconds pass first."""
+        limit = time.monotonic() + timeout
+        while True:
+            events = self.events()
+            found = next((e for e in events if e.get("event") == name), None)
+            if found is not None:
+                events.remove(found)
+                self._pending = events
+                return found
+            self._pending = events
+            if server.poll() is not None or time.monotonic() > limit:
+                if server.poll() is None:
+                    why = f"did not say {name} within {timeout:.0f} s"
+                else:
+                    why = f"exited with {server.returncode}"
+                log = _tail(self.path.parent / "logs" / "server.log")
+                raise ExperimentFailed(f"the server {why}; its log ends:\n{log}")
+            time.sleep(POLL)
+
+    def _read(self) -> list[dict[str, Any]]:
         try:
             with self.path.open("rb") as f:
                 f.seek(self._offset)
@@ -148,6 +176,7 @@ def run_experiment(
         try:
             readings += _counter_rows(testbed.counters(), "start", 0)
             stressor = _start_stress(testbed, exp, network_mbit)
+            progress = ProgressReader(exp_dir / "progress.jsonl", from_end=resume)
             with open(logs / "server.log", "ab") as log:
                 server = testbed.popen(
                     "srv",
@@ -157,11 +186,14 @@ def run_experiment(
                     env=env,
                 )
             processes.append(server)
-            # Devices start with the server: each retries connecting until the hub is up,
-            # so their torch import overlaps the server's.
+            if ends.bound is not None:
+                # listening on a port the kernel gave it: the devices learn which from it
+                ready = progress.wait_for("ready", server, JOIN_TIMEOUT)
+                ends = ends.bound(urlsplit(ready["url"]).port or 0)
+            # Devices start with the server where its port is known: each retries
+            # connecting until the hub is up, so their torch import overlaps the server's.
             for i in range(1, len(testbed.device_nodes) + 1):
                 start_device(i)
-            progress = ProgressReader(exp_dir / "progress.jsonl", from_end=resume)
             finished = _watch(
                 testbed, exp, progress, server, devices, on_round, readings, injector, outcome
             )
