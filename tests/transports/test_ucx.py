@@ -82,3 +82,10 @@ def test_a_secured_session_round_trips_over_ucx(tmp_path):
         assert np.array_equal(ch.recv(timeout=30)["p"], big)
         ch.send({"p": big[:100]}, timeout=30)
         assert np.array_equal(hub.recv(timeout=30)[1]["p"], big[:100])
+
+
+def test_only_a_hub_served_on_a_loopback_host_refuses_other_addresses():
+    from tensorwire.transports.ucx.reach import loopback_only
+
+    assert all(loopback_only(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "localhost"))
+    assert not any(loopback_only(h) for h in ("0.0.0.0", "10.211.0.1", "::", "example.org"))

@@ -28,6 +28,7 @@ from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, deadline_af
 from tensorwire.transports.security import TLS
 from tensorwire.transports.session import HELLO_LIMITS, HubSession, State, bye
 from tensorwire.transports.ucx.pipe import LINGER_S, UcxPipe, send_closing
+from tensorwire.transports.ucx.reach import refused_reach
 from tensorwire.transports.ucx.settings import UcxSettings
 from tensorwire.transports.ucx.workers import start_worker, stop_worker, ucx_api
 from tensorwire.transports.url import host_port
@@ -73,6 +74,7 @@ class UcxHub(Hub):
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._listener: Any = None  # once made (its callback may come first)
+        self._host = host  # a loopback host: connections from elsewhere are refused
         try:
             listener = api.UCXListener.create(
                 worker=self._worker, port=port, cb_func=self._on_connect
@@ -91,27 +93,33 @@ class UcxHub(Hub):
             time.sleep(0)  # the listener's creation has not returned yet
         if self._stopping:
             return  # closing: its client's dial times out
+        unreachable = refused_reach(self._host, conn_request)
         try:
             endpoint = self._listener.create_endpoint_from_conn_request(conn_request, True)
         except Exception as exc:
-            self._refused("a UCX peer", TransportError(f"could not accept: {exc}"))
+            why = unreachable or f"could not accept: {exc}"
+            self._refused("a UCX peer", TransportError(why))
             return
         t = threading.Thread(
-            target=self._connection, args=(endpoint,), name="tensorwire-ucx", daemon=True
+            target=self._connection,
+            args=(endpoint, unreachable),
+            name="tensorwire-ucx",
+            daemon=True,
         )
         with self._lock:
             self._threads = [x for x in self._threads if x.is_alive()]
             self._threads.append(t)
         t.start()
 
-    def _connection(self, endpoint: Any) -> None:
+    def _connection(self, endpoint: Any, unreachable: str | None = None) -> None:
         pipe = UcxPipe(endpoint, HELLO_LIMITS)
         with self._lock:
             crowded = len(self._handshakes) >= MAX_HANDSHAKES
-            if self._stopping or crowded:
+            if self._stopping or crowded or unreachable:
                 pipe.close()
-                if crowded:
-                    self._refused("a UCX peer", TransportError("too many handshakes at once"))
+                if unreachable or crowded:
+                    why = unreachable or "too many handshakes at once"
+                    self._refused("a UCX peer", TransportError(why))
                 return
             self._handshakes.add(pipe)
         try:
