@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from tensorwire.codecs import LZ4, LZMA, Blosc2, Codec, FloatPlanes, Zlib, Zstd
+from tensorwire.codecs import LZ4, LZMA, Blosc2, Codec, FloatPlanes, FloatPlanesZl, Zlib, Zstd
+from tensorwire.codecs.zl_planes import zl_available
 
 SMALL_BLOCK = 1 << 16  # the smallest block size, so that a few hundred KiB span many blocks
 
@@ -24,6 +25,8 @@ CODECS: list[Codec] = [
     FloatPlanes(typesize=2),
     FloatPlanes(typesize=8, block_size=SMALL_BLOCK),
 ]
+if zl_available():
+    CODECS += [FloatPlanesZl(block_size=SMALL_BLOCK), FloatPlanesZl(typesize=2)]
 
 
 def container(block_size: int, raw_length: int, blocks: list[bytes], nblocks: int = -1) -> bytes:

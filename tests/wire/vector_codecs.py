@@ -1,6 +1,6 @@
 """The codec vectors of tests/wire/make_vectors.py: messages compressed with zlib, lzma,
-blosc2 and floatplanes, the lossy codecs and codec chains, and the errors a decoder with the
-codec registry must raise."""
+blosc2, floatplanes and floatplanes-zl, the lossy codecs and codec chains, and the errors a
+decoder with the codec registry must raise."""
 
 from __future__ import annotations
 
@@ -68,6 +68,16 @@ def codec_vectors(w: Writer) -> None:
             {},
             codecs={"z": [config]},
         )
+    # floatplanes-zl on values whose exponent plane has few zero bytes: it is Huffman coded
+    # (an OpenZL frame), not run-length DEFLATE as the pattern's would be.
+    w.message(
+        "floatplanes_zl_compressed.bin",
+        "float32 [32, 32] (a ramp of 101 values) compressed with floatplanes-zl (byte planes "
+        "of 4-byte elements, OpenZL Huffman frames), and a raw tensor",
+        {"z": ramp(1024, "float32").reshape(32, 32), "raw": raw},
+        {},
+        codecs={"z": [{"id": "floatplanes-zl", "typesize": 4, "block_size": 65536}]},
+    )
 
     # Lossy codecs: each vector pins what a decoder makes of the stored payload.
     int8_x = ramp(40, "float32").reshape(5, 8)

@@ -1,4 +1,5 @@
-"""``bench codec`` on trained weights: floatplanes against ZipNN, blosc2, zstd and lz4.
+"""``bench codec`` on trained weights: floatplanes (and floatplanes-zl) against ZipNN,
+blosc2, zstd and lz4.
 
 Each model (VGG-5, VGG-8, ResNet-18 from :mod:`tensorwire.fl.models`) is trained briefly on
 the built-in digits data (``samples`` images, one epoch of SGD per checkpoint; ResNet-18
@@ -22,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorwire.codecs import FloatPlanes, get_threads, set_threads
+from tensorwire.codecs import FloatPlanes, FloatPlanesZl, get_threads, set_threads
+from tensorwire.codecs.zl_planes import zl_available
 
 MODELS = ("vgg5", "vgg8", "resnet18")
 DEFAULT_SAMPLES = {"vgg5": 1437, "vgg8": 1437, "resnet18": 200}
@@ -76,7 +78,12 @@ def contenders(itemsize: int) -> list[Contender]:
 
     planes = FloatPlanes(typesize=itemsize)
     zc, zd = zstandard.ZstdCompressor(level=3), zstandard.ZstdDecompressor()
+    with_zl = []
+    if zl_available():  # Huffman coded by OpenZL: the same planes, another entropy coder
+        zl = FloatPlanesZl(typesize=itemsize)
+        with_zl = [Contender("floatplanes-zl", zl.encode, zl.decode)]
     found = [
+        *with_zl,
         Contender("floatplanes", planes.encode, planes.decode),
         Contender(
             "blosc2 zstd+shuffle",
@@ -89,7 +96,8 @@ def contenders(itemsize: int) -> list[Contender]:
         Contender("lz4", lambda a: lz4.frame.compress(a.data), lz4.frame.decompress),
     ]
     zipnn = _zipnn(itemsize)
-    return found if zipnn is None else [found[0], zipnn, *found[1:]]
+    ours = len(with_zl) + 1
+    return found if zipnn is None else [*found[:ours], zipnn, *found[ours:]]
 
 
 def _zipnn(itemsize: int) -> Contender | None:

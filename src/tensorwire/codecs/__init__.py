@@ -2,7 +2,8 @@
 
 Every codec follows numcodecs' shape: ``encode(buf)``, ``decode(buf, out=None)`` into a
 preallocated buffer, ``get_config()`` / ``from_config()`` with an ``"id"``. lz4, zstd,
-zlib, lzma, blosc2 and floatplanes (byte planes of floats, each entropy coded) share one
+zlib, lzma, blosc2 and floatplanes (byte planes of floats, each entropy coded; floatplanes-zl
+where openzl is installed) share one
 block container (:mod:`tensorwire.codecs.blocked`) whose
 blocks are (de)compressed in parallel threads (:func:`set_threads`). Lossy tensor
 compressors and error feedback are in :mod:`tensorwire.codecs.lossy` (:func:`lossy_selector`).
@@ -15,7 +16,7 @@ from tensorwire.codecs.auto import AutoCodec, CodecEstimate
 from tensorwire.codecs.blocked import BlockedCodec
 from tensorwire.codecs.blosc2 import Blosc2
 from tensorwire.codecs.fixed_chain import FixedChainSelector
-from tensorwire.codecs.floatplanes import FloatPlanes
+from tensorwire.codecs.floatplanes import FloatPlanes, FloatPlanesZl
 from tensorwire.codecs.lossy import (
     BF16,
     DGC,
@@ -35,6 +36,7 @@ from tensorwire.codecs.lz4 import LZ4
 from tensorwire.codecs.registry import available_codecs, get_codec, register_codec
 from tensorwire.codecs.resolve import NAMED_CODEC_MIN_SIZE, resolve_codecs
 from tensorwire.codecs.threads import get_threads, set_threads
+from tensorwire.codecs.zl_planes import zl_available
 from tensorwire.codecs.zlib import Zlib
 from tensorwire.codecs.zstd import Zstd
 
@@ -48,6 +50,9 @@ except ImportError:  # pragma: no cover - depends on the interpreter build
     LZMA = None  # type: ignore[assignment,misc]
 else:
     register_codec(LZMA)
+
+if zl_available():  # announced to peers only where it can be decoded
+    register_codec(FloatPlanesZl)
 
 __all__ = [
     "BF16",
@@ -66,6 +71,7 @@ __all__ = [
     "ErrorFeedback",
     "FixedChainSelector",
     "FloatPlanes",
+    "FloatPlanesZl",
     "Int8",
     "LossyCodec",
     "LossySelector",

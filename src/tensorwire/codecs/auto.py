@@ -26,7 +26,7 @@ import numpy as np
 
 from tensorwire.codecs.abc import Codec
 from tensorwire.codecs.blosc2 import Blosc2
-from tensorwire.codecs.floatplanes import FloatPlanes
+from tensorwire.codecs.floatplanes import FloatPlanes, FloatPlanesZl
 from tensorwire.codecs.lz4 import LZ4
 from tensorwire.codecs.sampling import Trial, sample_bytes
 from tensorwire.codecs.slowdown import CodecSlowdown
@@ -42,6 +42,7 @@ from tensorwire.codecs.streams import (
     stream_key,
 )
 from tensorwire.codecs.threads import get_threads
+from tensorwire.codecs.zl_planes import zl_available
 from tensorwire.codecs.zstd import Zstd
 from tensorwire.errors import CodecConfigError
 
@@ -428,5 +429,8 @@ def _default_candidates(itemsize: int) -> list[Codec]:
     # Cheapest first, so that later, slower ones are often ruled out on encode time alone.
     shuffled: list[Codec] = [Blosc2(cname="lz4", filter="shuffle")] if itemsize > 1 else []
     # Floats' (and their XOR deltas') exponent planes, entropy coded: the best ratio on weights.
-    planes: list[Codec] = [FloatPlanes()] if itemsize in (2, 4, 8) else []
+    # floatplanes-zl where openzl is here: faster (a peer without it gets floatplanes).
+    planes: list[Codec] = []
+    if itemsize in (2, 4, 8):
+        planes = [FloatPlanesZl() if zl_available() else FloatPlanes()]
     return [LZ4(), *shuffled, Blosc2(cname="lz4", filter="bitshuffle"), *planes, Zstd(level=1)]

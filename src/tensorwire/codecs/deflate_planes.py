@@ -75,21 +75,35 @@ def _judge(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return entropy, counts[:, 0] / size
 
 
+def plane_choices(planes: np.ndarray) -> list[str]:
+    """How each row of ``planes`` (a ``(k, n)`` uint8 array) is best coded, judged by its
+    sample: ``"raw"`` (too close to random to gain), ``"runs"`` (run-length DEFLATE: nearly
+    constant, or many zero bytes) or ``"huffman"``."""
+    if not planes.shape[1]:
+        return ["raw"] * planes.shape[0]
+    return [_choice(e, z) for e, z in zip(*_judge(planes), strict=True)]
+
+
+def _choice(entropy: float, zeros: float) -> str:
+    if entropy > KEEP_BITS:
+        return "raw"
+    return "runs" if entropy < RUNS_ENTROPY or zeros > ZEROS else "huffman"
+
+
+def deflate_plane(plane: np.ndarray, runs: bool) -> bytes:
+    """``plane`` as one raw DEFLATE stream: run-length matches (``runs``) or Huffman only."""
+    lib = _compressor_module()
+    return _deflate(plane, lib.Z_RLE if runs else lib.Z_HUFFMAN_ONLY)
+
+
 def compress_planes(planes: np.ndarray) -> list[bytes | None]:
     """Return each row of ``planes`` (a ``(k, n)`` uint8 array) as a raw DEFLATE stream, or
     None to store it raw (its sample's entropy shows it barely compresses, or the stream
     is not smaller)."""
-    if not planes.shape[1]:
-        return [None] * planes.shape[0]
-    lib = _compressor_module()
     streams: list[bytes | None] = []
-    for plane, entropy, zeros in zip(planes, *_judge(planes), strict=True):
-        if entropy > KEEP_BITS:
-            streams.append(None)
-            continue
-        runs = entropy < RUNS_ENTROPY or zeros > ZEROS
-        stream = _deflate(plane, lib.Z_RLE if runs else lib.Z_HUFFMAN_ONLY)
-        streams.append(stream if len(stream) < plane.size else None)
+    for plane, choice in zip(planes, plane_choices(planes), strict=True):
+        stream = None if choice == "raw" else deflate_plane(plane, choice == "runs")
+        streams.append(stream if stream is not None and len(stream) < plane.size else None)
     return streams
 
 

@@ -20,19 +20,31 @@ def _raw_below(selector: Any) -> float:
     return 0
 
 
+def _decodable(codec: Any, decoders: frozenset[str]) -> Any:
+    """``codec``, or where the peer does not decode it the codec it falls back to
+    (``fallback()``: floatplanes-zl to floatplanes, the same format without OpenZL), if the
+    peer decodes that; None if neither."""
+    while codec is not None:
+        if (getattr(codec, "codec_id", None) or codec.get_config()["id"]) in decoders:
+            return codec
+        fallback = getattr(codec, "fallback", None)
+        codec = fallback() if fallback is not None else None
+    return None
+
+
 class _DecodableCodecs:
     """An endpoint's codec selector kept to the codecs a peer decodes (a chain with any other
-    goes raw); what a chain achieved goes back to the selector (``auto`` and named codecs
-    watch their streams by it, see ``tensorwire.codecs.streams``)."""
+    goes raw, unless that codec falls back to one the peer decodes); what a chain achieved
+    goes back to the selector (``auto`` and named codecs watch their streams by it, see
+    ``tensorwire.codecs.streams``)."""
 
     def __init__(self, selector: CodecSelector, decoders: frozenset[str]) -> None:
         self.selector = selector
         self.decoders = decoders
 
     def __call__(self, name: str, arr: Any) -> list[Any]:
-        chain = list(self.selector(name, arr))
-        ids = (getattr(c, "codec_id", None) or c.get_config()["id"] for c in chain)
-        return chain if all(i in self.decoders for i in ids) else []
+        chain = [_decodable(c, self.decoders) for c in self.selector(name, arr)]
+        return chain if all(c is not None for c in chain) else []
 
     def observe(
         self,
