@@ -30,6 +30,8 @@ MEASURE_BYTES = 1 << 20
 """Sends at least this big feed their throughput into an ``auto`` selector's bandwidth."""
 JOIN_BYTES = 1 << 20
 """Messages under this size are joined into one buffer and written with one send()."""
+CLOSE_FLUSH_S = 30.0
+"""Seconds ``close`` waits for what was written to reach the kernel before it aborts."""
 CONFIG = "distributed.comm.tensorwire"
 
 
@@ -147,17 +149,16 @@ class TensorwireComm(Comm):
             enc = await asyncio.to_thread(encode_message, tensors, codecs=self.codecs)
         else:
             enc = encode_message(tensors, codecs=self.codecs)
-        writer = self._writer
-        if writer is None:
+        outbox = self._protocol.outbox
+        if self._writer is None or outbox is None:
             raise CommClosedError(f"{self!r} is closed")
         try:
             # like Dask's tcp comm, queue the bytes and return: a write does not wait for
             # the peer to read (both sides may write a big message before either reads)
             if enc.nbytes < JOIN_BYTES:  # one send() for a small message
-                writer.write(b"".join(enc.frames()))
-            else:  # each frame kept as is (writelines would join them: a copy)
-                for frame in enc.frames():
-                    writer.write(frame)
+                outbox.put([b"".join(enc.frames())])
+            else:  # each frame kept as is, never copied whole (outbox.py)
+                outbox.put(list(enc.frames()))
         except (ConnectionError, OSError) as e:
             self.abort()
             raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
@@ -185,8 +186,13 @@ class TensorwireComm(Comm):
         if writer is None:
             return
         try:
+            if self._protocol.outbox is not None:  # what was written goes first, as Dask's does
+                await asyncio.wait_for(self._protocol.outbox.flushed(), CLOSE_FLUSH_S)
             if writer.can_write_eof():
                 writer.write_eof()
+        except TimeoutError:  # (an OSError) a peer that reads nothing: waited for no longer
+            writer.abort()
+            return
         except (ConnectionError, OSError):
             pass
         writer.close()  # sends what is queued, then closes

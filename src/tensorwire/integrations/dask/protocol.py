@@ -1,19 +1,24 @@
 """An asyncio protocol that receives whole tensorwire messages straight into their buffers.
 
-The kernel writes each message's bytes into one bytearray (``BufferedProtocol.get_buffer``),
+The kernel writes each message's bytes into one buffer (``BufferedProtocol.get_buffer``),
 sized from the message's 24-byte prefix once that is checked against the limits: no copy
 out of a stream buffer. The buffer grows with what has arrived (up to the declared size), so
-a prefix that declares much and sends little costs little. At most ``QUEUED`` whole messages
-wait to be read; past that the socket is not read (backpressure to the sender).
+a prefix that declares much and sends little costs little. A message over ``FIRST_BYTES``
+goes into an anonymous memory map that grows in place (``mremap``: no copy of what has
+arrived, pages made only as bytes land in them). At most ``QUEUED`` whole messages wait to be
+read; past that the socket is not read (backpressure to the sender).
 """
 
 from __future__ import annotations
 
 import asyncio
+import mmap
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from tensorwire.errors import WireError
+from tensorwire.integrations.dask.outbox import Outbox
 from tensorwire.wire import PREFIX_SIZE, Limits
 from tensorwire.wire.format import parse_prefix
 
@@ -32,22 +37,29 @@ class MessageProtocol(asyncio.BufferedProtocol):
         self._messages: deque[bytearray] = deque()
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._paused: asyncio.Future[None] | None = None
+        self.outbox: Outbox | None = None  # once connected
         self._new_message()
 
     def _new_message(self) -> None:
-        self._buf = bytearray(PREFIX_SIZE)
+        self._buf: Any = bytearray(PREFIX_SIZE)  # then a bytearray, or an mmap for a big one
         self._got = 0
         self._total = 0  # 0: reading the prefix
+        self._grow_to = 0  # the size the buffer takes on the next get_buffer (0: as it is)
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.outbox = Outbox(transport)
         if self.on_made is not None:
             self.on_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._grow_to:
+            # Here, not in buffer_updated: asyncio holds the last view until that returns,
+            # and a memory map with a view on it cannot be resized.
+            self._buf = _grown(self._buf, self._got, self._grow_to)
+            self._grow_to = 0
         return memoryview(self._buf)[self._got :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -62,9 +74,7 @@ class MessageProtocol(asyncio.BufferedProtocol):
                 return
             self._total = PREFIX_SIZE + prefix.header_length + prefix.body_length
         if self._got < self._total:  # grow toward the declared size as bytes arrive
-            bigger = bytearray(min(self._total, max(FIRST_BYTES, 2 * len(self._buf))))
-            bigger[: self._got] = self._buf
-            self._buf = bigger
+            self._grow_to = min(self._total, max(FIRST_BYTES, 2 * len(self._buf)))
             return
         self._messages.append(self._buf)
         self._new_message()
@@ -78,16 +88,16 @@ class MessageProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(exc or ConnectionResetError("connection closed"))
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
+        if self.outbox is not None:
+            self.outbox.lost()
 
     def pause_writing(self) -> None:
-        if self._paused is None or self._paused.done():
-            self._paused = asyncio.get_running_loop().create_future()
+        if self.outbox is not None:
+            self.outbox.paused()
 
     def resume_writing(self) -> None:
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
+        if self.outbox is not None:
+            self.outbox.resumed()
 
     # used by the comm
     def _fail(self, exc: BaseException) -> None:
@@ -114,8 +124,27 @@ class MessageProtocol(asyncio.BufferedProtocol):
         return msg
 
     async def drain(self) -> None:
-        """Wait until the transport's write buffer is below its high-water mark."""
-        if self._paused is not None and not self._paused.done():
-            await self._paused
+        """Wait until everything written has gone to the kernel."""
+        if self.outbox is not None:
+            await self.outbox.flushed()
         if self._error is not None:
             raise ConnectionResetError(str(self._error))
+
+
+def _grown(buf: Any, got: int, size: int) -> Any:
+    """``buf`` (its first ``got`` bytes kept) made ``size`` bytes long: a bytearray up to
+    ``FIRST_BYTES``, past that a memory map resized in place."""
+    if size <= FIRST_BYTES:
+        bigger = bytearray(size)
+        bigger[:got] = memoryview(buf)[:got]
+        return bigger
+    if isinstance(buf, mmap.mmap):
+        try:
+            buf.resize(size)  # mremap: the pages move, their bytes are not copied
+            return buf
+        except (OSError, SystemError):  # no mremap (macOS): a new map and a copy
+            pass
+    # private: a shared anonymous map is a fixed-size object that mremap cannot grow (SIGBUS)
+    grown = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    grown[:got] = memoryview(buf)[:got]
+    return grown

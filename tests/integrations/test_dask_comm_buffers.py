@@ -1,0 +1,97 @@
+"""tensorwire+tcp's buffers: a big message written to a peer that is not reading is never
+copied whole into asyncio's transport (the outbox feeds it a chunk at a time), a big message
+received grows its buffer in place, and closing beside a peer that reads nothing ends within
+its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed", reason="the dask extra (distributed) is not installed")
+
+from distributed.comm import connect, listen
+
+from tensorwire.integrations.dask import comm as comm_module
+from tensorwire.integrations.dask.outbox import CHUNK
+from tensorwire.integrations.dask.protocol import FIRST_BYTES, MessageProtocol
+from tensorwire.wire import Limits, encode_message
+
+ADDR = "tensorwire+tcp://127.0.0.1"
+BIG = 64 << 20
+
+
+async def _pair():  # type: ignore[no-untyped-def]
+    """A listener, a client comm and the server's end of it (which reads only when told)."""
+    q: asyncio.Queue[object] = asyncio.Queue()
+
+    async def handle(server_comm) -> None:  # type: ignore[no-untyped-def]
+        await q.put(server_comm)
+
+    listener = await listen(ADDR, handle)
+    client = await connect(listener.contact_address, timeout=10)
+    server = await asyncio.wait_for(q.get(), 10)
+    return listener, client, server
+
+
+def test_a_big_write_to_a_peer_not_reading_waits_in_the_outbox_not_in_a_copy(
+    tw_backend: str,
+) -> None:
+    async def run() -> None:
+        listener, client, server = await _pair()
+        payload = np.random.default_rng(3).integers(0, 255, BIG, dtype=np.uint8).tobytes()
+        await client.write({"op": "big", "x": payload})
+        transport = client._protocol.transport
+        # the socket took what it could; asyncio holds at most one chunk's copy of the rest
+        assert transport.get_write_buffer_size() <= CHUNK
+        assert not client._protocol.outbox.empty
+        msg = await asyncio.wait_for(server.read(), 60)
+        assert msg["op"] == "big" and bytes(msg["x"]) == payload
+        await asyncio.wait_for(client._protocol.outbox.flushed(), 10)
+        await client.close()
+        await server.close()
+        listener.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_closing_beside_a_peer_that_reads_nothing_ends_within_its_bound(
+    tw_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(comm_module, "CLOSE_FLUSH_S", 0.5)
+
+    async def run() -> None:
+        listener, client, server = await _pair()
+        await client.write({"op": "big", "x": bytes(BIG)})
+        started = time.monotonic()
+        await client.close()
+        assert time.monotonic() - started < 5 and client.closed()
+        server.abort()
+        listener.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_big_message_is_received_into_a_map_grown_in_place() -> None:
+    body = np.arange(3 * FIRST_BYTES, dtype=np.uint8) * np.uint8(7)
+    whole = encode_message({"0": body}).to_bytes()
+    proto = MessageProtocol(Limits())
+    sizes = []
+    data = memoryview(whole)
+    while data:
+        buf = proto.get_buffer(-1)
+        sizes.append(len(buf) + (len(whole) - len(data)))
+        n = min(len(buf), len(data), 1 << 20)  # as a socket gives it: pieces
+        buf[:n] = data[:n]
+        del buf
+        proto.buffer_updated(n)
+        data = data[n:]
+    assert len(proto._messages) == 1
+    got = proto._messages[0]
+    assert isinstance(got, mmap.mmap) and len(got) == len(whole)
+    assert bytes(got) == whole
+    assert max(sizes) == len(whole) and sorted(set(sizes))[1] <= FIRST_BYTES  # grew by steps
