@@ -34,28 +34,45 @@ def _workload(n: int, values: str) -> Any:
     return x.rechunk((n // 16, n), method="tasks").sum()
 
 
-def main(argv: list[str] | None = None) -> None:
+def _connect(protocols: list[str], schedulers: str | None) -> tuple[dict[str, Any], list[Any]]:
+    """A client per protocol: of a LocalCluster started here, or of the running scheduler
+    ``schedulers`` names for it (``proto=address,...``, with 2 workers); and what to close."""
     from distributed import Client, LocalCluster
 
+    given = dict(item.split("=", 1) for item in schedulers.split(",")) if schedulers else {}
+    clients: dict[str, Any] = {}
+    closers: list[Any] = []
+    for proto in protocols:
+        if proto in given:
+            clients[proto] = Client(given[proto], timeout=120)
+            clients[proto].wait_for_workers(2, timeout=300)
+        else:
+            cluster = LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                protocol=proto + "://",
+                host="127.0.0.1",
+                dashboard_address=None,
+                memory_limit="6GiB",
+            )
+            closers.append(cluster)
+            clients[proto] = Client(cluster)
+        closers.insert(0, clients[proto])
+    return clients, closers
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=16384)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--values", choices=["random", "rounded"], default="random")
     p.add_argument("--protocols", default="tcp,tensorwire+tcp")
+    p.add_argument("--schedulers", help="proto=address,...: running schedulers to use")
+    p.add_argument("--where", default="loopback", help="what the table says the links were")
     args = p.parse_args(argv)
     protocols = args.protocols.split(",")
-    clusters, clients = {}, {}
-    for proto in protocols:
-        clusters[proto] = LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            protocol=proto + "://",
-            host="127.0.0.1",
-            dashboard_address=None,
-            memory_limit="6GiB",
-        )
-        clients[proto] = Client(clusters[proto])
+    clients, closers = _connect(protocols, args.schedulers)
     secs: dict[str, list[float]] = {p: [] for p in protocols}
     moved: dict[str, list[int]] = {p: [] for p in protocols}
     try:
@@ -68,13 +85,12 @@ def main(argv: list[str] | None = None) -> None:
                 secs[proto].append(time.perf_counter() - t0)
                 moved[proto].append(_moved(client) - before)
     finally:
-        for proto in protocols:
-            clients[proto].close()
-            clusters[proto].close()
+        for closer in closers:
+            closer.close()
     base = statistics.median(secs[protocols[0]])
     print(
         f"{args.n}x{args.n} float64 ({args.values}), rechunk cols->rows + sum, 2 workers, "
-        f"loopback; medians of {args.trials} interleaved trials"
+        f"{args.where}; medians of {args.trials} interleaved trials"
     )
     print(
         f"{'protocol':<16}{'wall s (median)':>16}{'min':>8}{'max':>8}"
