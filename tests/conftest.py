@@ -9,6 +9,9 @@ benchmark run) is made once for all workers (``made_once.py``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -24,3 +27,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # modules with a slow test first, each kept whole (a stable sort: the rest keep their order)
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+
+
+@pytest.fixture(autouse=True)
+def _tensorwire_logger_as_it_was() -> Iterator[None]:
+    """A CLI command run in-process (CliRunner) sends tensorwire's log lines to standard
+    error for good (``cli/logs.py``): put the logger back after each test, so that a later
+    test's warnings do not land in pytest's progress lines."""
+    logger = logging.getLogger("tensorwire")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
