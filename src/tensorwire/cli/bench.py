@@ -245,7 +245,7 @@ def bench_codec_cmd(
     ] = "vgg5,vgg8,resnet18",
     out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
 ) -> None:
-    """floatplanes vs zipnn / blosc2 / zstd / lz4 on trained weights and round-to-round
+    """floatplanes(-zl) vs zipnn / blosc2 / zstd / lz4 on trained weights and round-to-round
     deltas; tensorwire codecs vs the libraries called directly (the Dask case); auto."""
     from tensorwire.bench.codec import bench_auto_incompressible, bench_codecs
     from tensorwire.bench.codec_weights import MODELS, bench_weights

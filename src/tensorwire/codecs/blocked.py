@@ -66,6 +66,11 @@ class BlockedCodec(Codec):
         bytes), for codecs that shuffle bytes by element.
         """
 
+    def _compress_block_pieces(self, src: memoryview, itemsize: int) -> list[Any]:
+        """The compressed form of one block as pieces to write back to back (a codec whose
+        block is made of parts gives them unjoined: the container copies each once)."""
+        return [self._compress_block(src, itemsize)]
+
     @abc.abstractmethod
     def _decompress_block(self, src: memoryview, dst: memoryview) -> None:
         """Decompress one block into ``dst``, filling it exactly.
@@ -100,12 +105,16 @@ class BlockedCodec(Codec):
             pos = data_start + first * block_size
             for i in range(first, stop):
                 block = src[i * block_size : (i + 1) * block_size]
-                stored = self._compress_block(block, itemsize)
-                if len(stored) >= len(block):
-                    stored = block
-                out[pos : pos + len(stored)] = stored
-                pos += len(stored)
-                sizes.append(len(stored))
+                pieces = [
+                    memoryview(p).cast("B") for p in self._compress_block_pieces(block, itemsize)
+                ]
+                size = sum(p.nbytes for p in pieces)
+                if size >= len(block):
+                    pieces, size = [block], len(block)
+                for piece in pieces:
+                    out[pos : pos + piece.nbytes] = piece
+                    pos += piece.nbytes
+                sizes.append(size)
             return sizes
 
         runs = self._runs(nblocks)

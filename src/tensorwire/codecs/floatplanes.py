@@ -81,6 +81,9 @@ class FloatPlanes(BlockedCodec):
         return pinned
 
     def _compress_block(self, src: memoryview, itemsize: int) -> Any:
+        return b"".join(self._compress_block_pieces(src, itemsize))
+
+    def _compress_block_pieces(self, src: memoryview, itemsize: int) -> list[Any]:
         typesize = self.typesize or (itemsize if itemsize in TYPESIZES else 1)
         if len(src) % typesize:
             typesize = 1  # a buffer that is not whole elements: its bytes as they are
@@ -90,7 +93,7 @@ class FloatPlanes(BlockedCodec):
         flags = [ZL_FLAG if zl else 0 for _, zl in coded]
         sizes = [len(s) | f for s, f in zip(stored, flags, strict=True)]
         head = struct.pack(f"<B{typesize}I", typesize, *sizes)
-        return b"".join([head, *stored])
+        return [head, *stored]
 
     def _code_planes(self, planes: np.ndarray) -> list[tuple[bytes | None, bool]]:
         """Each plane coded (None: stored as is), and whether it is an OpenZL frame. Blocks
