@@ -21,8 +21,8 @@ of ``s`` bytes that decodes to exactly ``n`` (:mod:`tensorwire.codecs.zl_planes`
 inflates to exactly ``n`` bytes; ``s > n``: invalid.
 
 ``floatplanes-zl`` is the same format whose encoder Huffman codes planes with OpenZL
-(Huff0) instead of DEFLATE, several times faster both ways; it exists where openzl is
-installed, so a peer that announces it can decode it. Decoders of either id read both.
+(Huff0) instead of DEFLATE, a coder several times faster both ways; it exists where openzl
+is installed, so a peer that announces it can decode it. Decoders of either id read both.
 """
 
 from __future__ import annotations
