@@ -95,3 +95,20 @@ def test_a_big_message_is_received_into_a_map_grown_in_place() -> None:
     assert isinstance(got, mmap.mmap) and len(got) == len(whole)
     assert bytes(got) == whole
     assert max(sizes) == len(whole) and sorted(set(sizes))[1] <= FIRST_BYTES  # grew by steps
+
+
+def test_a_write_after_the_peer_died_raises_comm_closed_at_once(tw_backend: str) -> None:
+    from distributed.comm.core import CommClosedError
+
+    async def run() -> None:
+        listener, client, server = await _pair()
+        server.abort()  # the peer dies
+        with pytest.raises(CommClosedError):
+            for _ in range(200):  # polled: the loss reaches the client when the RST does
+                await client.write({"op": "x", "pad": b"z" * 1000})
+                await asyncio.sleep(0.01)
+        assert client.closed()
+        await client.close()  # returns at once: nothing waits to be flushed
+        listener.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))

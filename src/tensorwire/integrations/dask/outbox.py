@@ -29,7 +29,10 @@ class Outbox:
         self._flushed: asyncio.Future[None] | None = None
 
     def put(self, frames: list[Any]) -> None:
-        """Queue ``frames`` (bytes-likes) after what is queued, and send what the socket takes."""
+        """Queue ``frames`` (bytes-likes) after what is queued, and send what the socket takes;
+        ``ConnectionResetError`` once the connection is lost."""
+        if self._transport is None:
+            raise ConnectionResetError("the connection is lost: nothing more can be sent")
         self._pending.extend(memoryview(f).cast("B") for f in frames if len(memoryview(f)))
         self._pump()
 
