@@ -19,7 +19,7 @@ import numpy as np
 from distributed.comm.core import Comm, CommClosedError
 from distributed.comm.utils import from_frames, to_frames
 
-from tensorwire.codecs import AutoCodec, resolve_codecs
+from tensorwire.codecs import AutoCodec, get_codec, resolve_codecs
 from tensorwire.errors import WireError
 from tensorwire.integrations.dask.protocol import MessageProtocol
 from tensorwire.wire import Limits, decode_message, encode_message
@@ -105,9 +105,11 @@ class TensorwireComm(Comm):
             whole = await self._protocol.read()
             limits = self._protocol.limits
             if len(whole) >= OFFLOAD_BYTES:
-                msg = await asyncio.to_thread(decode_message, whole, limits=limits)
+                msg = await asyncio.to_thread(
+                    decode_message, whole, limits=limits, codec_lookup=get_codec
+                )
             else:
-                msg = decode_message(whole, limits=limits)
+                msg = decode_message(whole, limits=limits, codec_lookup=get_codec)
             frames = tensors_to_frames(msg)
         except (ConnectionError, OSError) as e:
             self.abort()
