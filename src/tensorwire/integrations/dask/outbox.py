@@ -33,7 +33,8 @@ class Outbox:
         ``ConnectionResetError`` once the connection is lost."""
         if self._transport is None:
             raise ConnectionResetError("the connection is lost: nothing more can be sent")
-        self._pending.extend(memoryview(f).cast("B") for f in frames if len(memoryview(f)))
+        views = (memoryview(f).cast("B") for f in frames)
+        self._pending.extend(v for v in views if v.nbytes)
         self._pump()
 
     def paused(self) -> None:
