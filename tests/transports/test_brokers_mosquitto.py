@@ -15,6 +15,7 @@ from killed_owner import killed_owner, wait_until
 
 import tensorwire
 from tensorwire.errors import AuthenticationError, MissingDependency, TransportError
+from tensorwire.transports.brokers import ports
 from tensorwire.transports.brokers.mosquitto import (
     MosquittoBroker,
     ensure_mosquitto,
@@ -84,9 +85,17 @@ def test_private_broker_serves_a_round_trip_then_leaves_nothing_behind():
 
 
 def test_private_broker_on_a_given_port():
-    port = _closed_port()
-    with MosquittoBroker(port) as broker:
-        assert broker.port == port and mosquitto_answers("127.0.0.1", port)
+    given: list[int] = []
+
+    def on_a_port_given() -> MosquittoBroker:  # given free, so maybe taken before it binds:
+        given.append(ports.free_port("127.0.0.1"))  # the brokers' own retry on a clash
+        return MosquittoBroker(given[-1]).start()
+
+    broker = ports.start_on_free_ports(on_a_port_given, lambda: None, "test")
+    try:
+        assert broker.port == given[-1] and mosquitto_answers("127.0.0.1", broker.port)
+    finally:
+        broker.stop()
 
 
 def test_ensure_uses_the_broker_that_answers_and_starts_one_otherwise():

@@ -35,6 +35,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+from tensorwire.transports.brokers.ports import free_port, start_on_free_ports
 from tensorwire.transports.brokers.readiness import wait_answering
 from tensorwire.transports.brokers.sizing import MOSQUITTO, size_for, with_fd_limit
 from tensorwire.transports.security import TLS
@@ -169,11 +170,6 @@ def write_password_file(path: Path, users: Mapping[str, str]) -> None:
             raise TransportError(f"mosquitto_passwd failed: {(done.stderr or done.stdout).strip()}")
 
 
-def _free_port(host: str) -> int:
-    with socket.create_server((host, 0)) as probe:
-        return probe.getsockname()[1]
-
-
 class MosquittoBroker:
     """A private Mosquitto on ``127.0.0.1:port``; use as a context manager (or start/stop).
 
@@ -292,11 +288,22 @@ class MosquittoBroker:
         return "".join(f"{k} {v}\n" for k, v in lines.items())
 
     def start(self) -> MosquittoBroker:
-        """Start the broker and wait until it answers; raise with its log if it does not."""
+        """Start the broker and wait until it answers; raise with its log if it does not.
+        Without a port given, a free one (another if that was taken before the broker bound
+        it: :mod:`~tensorwire.transports.brokers.ports`)."""
+        if self.port != 0:
+            return self._start_once()
+
+        def forget() -> None:
+            self.port = 0
+
+        return start_on_free_ports(self._start_once, forget, "mosquitto")
+
+    def _start_once(self) -> MosquittoBroker:
         binary = find_mosquitto(self.binary)
         if self.port == 0:
             # Behind a prefix the broker's namespace is elsewhere: any port free here will do.
-            self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
+            self.port = free_port("127.0.0.1" if self.command_prefix else self.host)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-mosquitto-"))
         try:
             if self.users:

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.erlang import tls_version
+from tensorwire.transports.brokers.ports import free_port, start_on_free_ports
 from tensorwire.transports.brokers.rabbitmq_probe import rabbitmq_answers
 from tensorwire.transports.brokers.readiness import wait_answering
 from tensorwire.transports.brokers.sizing import RABBITMQ, size_for, with_fd_limit
@@ -59,11 +59,6 @@ def find_rabbitmq(binary: str = "rabbitmq-server") -> Path:
             f"the RabbitMQ broker ({binary!r}) is not installed: {INSTALL_HINT}"
         )
     return Path(found)
-
-
-def _free_port(host: str) -> int:
-    with socket.create_server((host, 0)) as probe:
-        return probe.getsockname()[1]
 
 
 def _credentials(url: str) -> tuple[str, str, str]:
@@ -280,7 +275,17 @@ class RabbitMQBroker:
         }
 
     def start(self) -> RabbitMQBroker:
-        """Start the node and wait until it accepts AMQP; raise with its log if it does not."""
+        """Start the node and wait until it accepts AMQP; raise with its log if it does not.
+        Ports not given are free ones (others if one was taken before the node bound it:
+        :mod:`~tensorwire.transports.brokers.ports`)."""
+        given = (self.port, self.plain_port)
+
+        def forget() -> None:
+            self.port, self.plain_port = given
+
+        return start_on_free_ports(self._start_once, forget, f"RabbitMQ node {self.node}")
+
+    def _start_once(self) -> RabbitMQBroker:
         server = find_rabbitmq(self.binary)
         self._server = server
         self._ctl = server.with_name("rabbitmqctl")
@@ -290,15 +295,15 @@ class RabbitMQBroker:
         # Behind a prefix the node's namespace is elsewhere: any port free here will do.
         here = "127.0.0.1" if self.command_prefix else self.host
         if self.port == 0:
-            self.port = _free_port(here)
+            self.port = free_port(here)
         if self.plain_port == 0:
-            self.plain_port = _free_port(here)
+            self.plain_port = free_port(here)
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-rabbitmq-"))
         (self.dir / "rabbitmq-env.conf").write_text("")
         (self.dir / "enabled_plugins").write_text("[].\n")
         if self.tls is not None:
             self._copy_tls_files()
-        epmd_port = _free_port("127.0.0.1")
+        epmd_port = free_port("127.0.0.1")
         self._env = self._environment(epmd_port)
         with open(self.dir / "startup.log", "wb") as out:
             # Our own epmd in the foreground, so it is ours to end (a node would start a daemon).
@@ -317,7 +322,7 @@ class RabbitMQBroker:
         assert self.dir is not None and self._server is not None
         (self.dir / "rabbitmq.conf").write_text(self._config())  # use_tls() may have changed it
         # a port free now: the last one may have been taken while the node was down
-        self._env["RABBITMQ_DIST_PORT"] = str(_free_port("127.0.0.1"))
+        self._env["RABBITMQ_DIST_PORT"] = str(free_port("127.0.0.1"))
         log = self.dir / "startup.log"
         with open(log, "ab") as out:
             self._proc = subprocess.Popen(
@@ -368,7 +373,7 @@ class RabbitMQBroker:
                 self._ctl_eval("ssl:clear_pem_cache().")
                 return
             self.plain_port = self.port
-            self.port = _free_port("127.0.0.1" if self.command_prefix else self.host)
+            self.port = free_port("127.0.0.1" if self.command_prefix else self.host)
             self._halt()
             self._launch()
 

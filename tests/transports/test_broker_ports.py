@@ -1,0 +1,76 @@
+"""The private brokers' ports: a port picked free and taken by another program before the
+broker bound it is picked again; a port the caller gave is never replaced."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tensorwire.errors import MissingDependency, TransportError
+from tensorwire.transports.brokers import mosquitto, ports, rabbitmq
+from tensorwire.transports.brokers.mosquitto import MosquittoBroker, mosquitto_answers
+from tensorwire.transports.brokers.rabbitmq import RabbitMQBroker, rabbitmq_answers
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    """A port another program listens on (this test, on 127.0.0.1), held throughout."""
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        yield holder.getsockname()[1]
+
+
+def _first_pick(port: int) -> tuple[Callable[[str], int], list[int]]:
+    """A port picker whose first pick is ``port`` (as if taken in the moment after the
+    kernel called it free), then the real one's; and the list of its picks."""
+    picks: list[int] = []
+
+    def pick(host: str) -> int:
+        picks.append(port if not picks else ports.free_port(host))
+        return picks[-1]
+
+    return pick, picks
+
+
+def test_clashes_are_told_apart_from_other_failures():
+    assert ports.port_clash(TransportError("log:\n1: Error: Address already in use"))
+    assert ports.port_clash(TransportError("{listen_error,5672,eaddrinuse}"))
+    assert not ports.port_clash(TransportError("mosquitto did not start within 10 s"))
+    calls: list[int] = []
+
+    def fails() -> None:
+        calls.append(1)
+        raise TransportError("Address already in use")
+
+    with pytest.raises(TransportError, match="in use"):  # the last clash, as it was
+        ports.start_on_free_ports(fails, lambda: None, "test")
+    assert len(calls) == ports.ATTEMPTS
+
+
+def test_mosquitto_moves_off_a_port_taken_before_it_bound_it(taken, monkeypatch):
+    try:
+        mosquitto.find_mosquitto()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    pick, picks = _first_pick(taken)
+    monkeypatch.setattr(mosquitto, "free_port", pick)
+    with MosquittoBroker() as broker:
+        assert picks[0] == taken and broker.port == picks[-1] != taken
+        assert mosquitto_answers(broker.host, broker.port)
+    # a port given is the caller's: no other is tried, and the error says why
+    with pytest.raises(TransportError, match=r"(?i)address already in use"):
+        MosquittoBroker(taken).start()
+    assert len(picks) == 2
+
+
+def test_rabbitmq_moves_off_a_port_taken_before_it_bound_it(taken, monkeypatch):
+    try:
+        rabbitmq.find_rabbitmq()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    pick, picks = _first_pick(taken)
+    monkeypatch.setattr(rabbitmq, "free_port", pick)
+    with RabbitMQBroker() as broker:
+        assert picks[0] == taken and broker.port != taken
+        assert rabbitmq_answers(f"amqp://guest:guest@127.0.0.1:{broker.port}/%2F")
