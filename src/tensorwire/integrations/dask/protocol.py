@@ -17,13 +17,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from tensorwire.errors import WireError
 from tensorwire.integrations.dask.outbox import Outbox
 from tensorwire.wire import PREFIX_SIZE, Limits
 from tensorwire.wire.format import parse_prefix
 
 FIRST_BYTES = 16 << 20
-"""A message's buffer starts at most this big and doubles as its bytes arrive."""
+"""A message's buffer (a numpy array, then a memory map) starts at most this big and doubles
+as its bytes arrive."""
 QUEUED = 8
 
 
@@ -34,14 +37,14 @@ class MessageProtocol(asyncio.BufferedProtocol):
         self.limits = limits
         self.on_made = on_made
         self.transport: asyncio.Transport | None = None
-        self._messages: deque[bytearray] = deque()
+        self._messages: deque[Any] = deque()  # whole messages' buffers
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.outbox: Outbox | None = None  # once connected
         self._new_message()
 
     def _new_message(self) -> None:
-        self._buf: Any = bytearray(PREFIX_SIZE)  # then a bytearray, or an mmap for a big one
+        self._buf: Any = bytearray(PREFIX_SIZE)  # then a numpy array, or an mmap for a big one
         self._got = 0
         self._total = 0  # 0: reading the prefix
         self._grow_to = 0  # the size the buffer takes on the next get_buffer (0: as it is)
@@ -111,7 +114,7 @@ class MessageProtocol(asyncio.BufferedProtocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def read(self) -> bytearray:
+    async def read(self) -> Any:
         """The next whole message's bytes; the error that ended the connection after that."""
         while not self._messages:
             if self._error is not None:
@@ -132,11 +135,13 @@ class MessageProtocol(asyncio.BufferedProtocol):
 
 
 def _grown(buf: Any, got: int, size: int) -> Any:
-    """``buf`` (its first ``got`` bytes kept) made ``size`` bytes long: a bytearray up to
+    """``buf`` (its first ``got`` bytes kept) made ``size`` bytes long: a numpy array up to
     ``FIRST_BYTES``, past that a memory map resized in place."""
     if size <= FIRST_BYTES:
-        bigger = bytearray(size)
-        bigger[:got] = memoryview(buf)[:got]
+        # not zero-filled (a bytearray is: a pass over every byte before the kernel writes
+        # them); a message is read only once all its bytes arrived, so none is unwritten
+        bigger = np.empty(size, np.uint8)
+        bigger[:got] = np.frombuffer(buf, np.uint8, count=got)
         return bigger
     if isinstance(buf, mmap.mmap):
         try:
