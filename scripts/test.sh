@@ -23,7 +23,8 @@ mypy_pid=$!
 rc=0
 dist=()
 if [ "${TW_TEST_WORKERS:-4}" != 0 ]; then dist=(--dist worksteal); fi
-.venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" "${dist[@]}" "$@" || rc=$?
+# --durations: the 20 slowest tests, for whoever wants the suite faster
+.venv/bin/python -m pytest -n "${TW_TEST_WORKERS:-4}" "${dist[@]}" --durations=20 "$@" || rc=$?
 mypy_rc=0
 wait "$mypy_pid" || mypy_rc=$?
 echo "--- mypy"
