@@ -117,6 +117,31 @@ def test_codec_round_trip_and_negotiation(make_hub, connect):
         _assert_same(ch.recv(timeout=T)["x"], ones)
 
 
+def test_a_client_that_has_its_welcome_finds_the_hub_knowing_its_session(
+    make_hub, connect, monkeypatch
+):
+    """The hub records a session (its codecs) before its welcome can reach the client: here
+    the hub's thread is held up just as it records it, as a busy machine may hold it (the
+    welcome used to go first, and a send right after a reconnect used the old session's
+    codecs: lz4 to a client that had just said it decodes nothing)."""
+    hub = make_hub(codec="lz4")
+    member_from = hub._member_from
+
+    def held_up(hello, session):
+        time.sleep(0.3)  # not a wait for a state: the delay a preempted thread would see
+        return member_from(hello, session)
+
+    monkeypatch.setattr(hub, "_member_from", held_up)
+    ones = np.ones((512, 512))
+    ch = connect(hub.url, client_id="c")
+    assert hub.send("c", {"x": ones}).codecs == "lz4"  # a member as soon as it is welcomed
+    _assert_same(ch.recv(timeout=T)["x"], ones)
+    ch.decoders = []
+    ch.reconnect(timeout=T)
+    assert hub.broadcast({"x": ones})["c"].codecs == "raw"  # its new session's codecs
+    _assert_same(ch.recv(timeout=T)["x"], ones)
+
+
 def test_broadcast_to_eight_and_gather(make_hub, connect):
     hub = make_hub()
     chans = [connect(hub.url, client_id=f"dev{i}") for i in range(8)]

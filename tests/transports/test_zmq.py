@@ -182,13 +182,14 @@ def test_a_reconnected_clients_sends_go_to_its_new_session_from_its_welcome_on(h
     # Beside a CPU hog the hub's reader was held up between queueing a welcome and moving
     # the client's route: the client had its welcome, the hub still counted its old session,
     # and a send went to that session's closed pipe ("not connected"). The route and the
-    # membership (its codecs) now move in the same hold of the ROUTER lock as the welcome.
+    # membership (its codecs) now move in the same hold of the ROUTER lock as the welcome,
+    # just before it is queued (libzmq's I/O thread may send it at once).
     ch = tensorwire.connect(hub.url, client_id="r")
     seen: dict[str, bytes | None] = {}
     say = hub._say
 
-    def watched(ident, enc, what, then=None):
-        queued = say(ident, enc, what, then=then)
+    def watched(ident, enc, what, first=None):
+        queued = say(ident, enc, what, first=first)
         if what == "welcome":
             with hub._lock:
                 seen.update(ident=ident, route=hub._route.get("r"))

@@ -103,11 +103,11 @@ class MemHub(Hub):
                 self._rejected(conn.session.client_id or conn.name, exc)
             return
         if isinstance(event, Joined):
-            # The welcome and the membership in one hold of the lock sends look members up
-            # under: a client that has its welcome finds the hub knowing its codecs.
+            # A member before its welcome (sends read the membership without a lock): a
+            # client that has its welcome finds the hub knowing its codecs.
             with self._cond:
-                conn.to_channel.put(conn.session.welcome().to_bytes())  # a new queue: room
                 replaced = self._member_from(event.hello, conn)
+                conn.to_channel.put(conn.session.welcome().to_bytes())  # a new queue: room
             self._announce_member(event.client_id, replaced)
         elif isinstance(event, Data):
             self._delivered(conn.session.client_id or conn.name, msg)

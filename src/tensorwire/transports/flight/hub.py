@@ -197,22 +197,24 @@ class FlightHub(Hub):
 
     def _admit(self, peer: Peer) -> bool:
         """Make ``peer`` the member for its client id (ending an older session), with its
-        welcome first on its downlink; False if the hub is closing."""
+        welcome first on its downlink; False if the hub is closing or the downlink broke
+        before the welcome (the client then joined and left)."""
         cid = peer.client_id
         welcome = Job(control=peer.session.welcome().to_bytes())
-        # The welcome, the peer and the membership (its codecs and limits) in one hold of the
-        # lock senders look peers up under: a client that has its welcome finds the hub
-        # knowing this session, and no send reaches it before the welcome.
+        # The peer and the membership (its codecs and limits) before the welcome, which its
+        # downlink thread may write at once: a client that has its welcome finds the hub
+        # knowing this session; and in one hold of the lock senders look peers up under, so
+        # that no send is queued before the welcome.
+        welcomed = False
         with self._sessions:
             closing = self._closing
             if not closing:
-                try:
-                    peer.submit(welcome)  # queued on its downlink, never waits
-                except PeerGone:  # its downlink broke already
-                    return False
                 old = self._peers.get(cid)
                 self._peers[cid] = peer
                 replaced = self._member_from(peer.hello, peer)
+                with contextlib.suppress(PeerGone):  # its downlink broke already: ended below
+                    peer.submit(welcome)  # queued on its downlink, never waits
+                    welcomed = True
         if closing:
             peer.stop("the hub is closing")
             return False
@@ -223,7 +225,7 @@ class FlightHub(Hub):
         if peer.gone is not None:  # it ended while joining: its leave may have found no member
             self._end(peer, peer.gone)
             self._left(cid, peer.gone, session=peer)
-        return True
+        return welcomed
 
     def _write_loop(self, peer: Peer, writer: flight.MetadataRecordBatchWriter) -> None:
         """Write the peer's jobs until it is stopped; a failed write ends its session."""

@@ -113,29 +113,25 @@ class ShmHub(Hub):
         cid = hello.client_id
         conn = Connection(sock, cid)
         mappings = Mappings(conn, self._releaser.queue)
-        # The welcome, the connection and the membership (its codecs and limits) in one hold
-        # of the lock senders look connections up under: a client that has its welcome finds
-        # the hub knowing this session, and no send reaches it before the welcome.
+        # The connection and the membership (its codecs and limits) before the welcome: a
+        # client that has its welcome finds the hub knowing this session; and in one hold of
+        # the lock senders look connections up under, so that no send reaches it before the
+        # welcome.
         with self._lock:
             old = self._conns.get(cid)
+            self._conns[cid] = conn
+            replaced = self._member_from(hello, conn)
             try:  # a new connection's buffer is empty: the welcome never waits for room
                 send_packet(sock, [session.welcome().to_bytes()], deadline_after(BYE_TIMEOUT))
             except TransportError as exc:
-                unwelcome: TransportError | None = exc
+                unwelcome: str | None = f"the welcome could not be sent: {exc}"
             else:
                 unwelcome = None
-                self._conns[cid] = conn
-                replaced = self._member_from(hello, conn)
-        if unwelcome is not None:
-            log.info("shm: the welcome to %r could not be sent: %s", cid, unwelcome)
-            mappings.close()
-            sock.close()
-            return
         if old is not None:
             log.info("shm: client %r reconnected; closing its old connection", cid)
             old.shutdown()
         self._announce_member(cid, replaced)
-        reason = self._read_loop(conn, mappings, session)
+        reason = unwelcome or self._read_loop(conn, mappings, session)
         with self._lock:
             current = self._conns.get(cid) is conn
             if current:

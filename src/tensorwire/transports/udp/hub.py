@@ -344,31 +344,29 @@ class UdpHub(Hub):
             seal=seal,
         )
         hs.writer.on_broken = lambda exc: self._broken(flow, exc)
-        # The welcome, the flow and the membership (the client's codecs and limits) in one
-        # hold of the lock that senders look flows up under: a client that has its welcome
-        # finds the hub knowing this session, and no send reaches it before the welcome.
+        # The flow and the membership (the client's codecs and limits) before the welcome,
+        # which may leave at once: a client that has its welcome finds the hub knowing this
+        # session; and in one hold of the lock senders look flows up under, so that no send
+        # reaches it before the welcome.
         with self._lock:
             old = self._flows.get(cid)
+            self._flows[cid] = flow
+            replaced = self._member_from(hello, flow)
             try:
                 flow.writer.write(session.welcome())  # queued, never waits
             except PeerGone as exc:
                 broken: PeerGone | None = exc
             else:
                 broken = None
-                self._flows[cid] = flow
-                replaced = self._member_from(hello, flow)
-        if broken is not None:  # never a member: nobody saw this flow
-            flow.close(broken)
-            self._loop.remove(hs.sock)
-            _close(hs.sock)
-            log.info("udp: the welcome to %r could not be sent: %s", cid, broken)
-            return
         if old is not None:
             log.info("udp: client %r reconnected from %s; closing its old session", cid, address)
             self._drop_flow(old, "replaced by a new session")
         self._by_address[peer_key(address)] = flow
         self._loop.set_reader(hs.sock, lambda: self._on_control(flow))
         self._inbound.put((flow, _Joined(hello, replaced)))
+        if broken is not None:  # joined, and gone
+            self._drop_flow(flow, f"the welcome could not be sent: {broken}")
+            return
         self._handle_control(flow, rest)
 
     def _broken(self, flow: Flow, exc: PeerGone) -> None:

@@ -384,14 +384,14 @@ class ZmqHub(RouterOutbound, Hub):
         replaced: list[bool] = []
 
         def take_over() -> None:
-            # With the welcome, in one hold of the ROUTER lock: a send right after the client
-            # has its welcome finds this session's codecs and limits and goes to this session,
-            # not to the one it replaces (whose pipe may be closed already).
+            # Just before the welcome, in one hold of the ROUTER lock: a send right after the
+            # client has its welcome finds this session's codecs and limits and goes to this
+            # session, not to the one it replaces (whose pipe may be closed already).
             self._route[peer.client_id] = ident
             replaced.append(self._member_from(hello, peer))
 
-        if not self._say(ident, session.welcome(), "welcome", then=take_over):
-            self._refused(who, TransportError("its queue is full: it reads nothing"))
+        welcomed = self._say(ident, session.welcome(), "welcome", first=take_over)
+        if not replaced:  # the hub is stopping
             return None
         self._strangers.pop(ident, None)
         reader.set_limits(self.limits)  # a member: its messages may be as large as ours
@@ -400,6 +400,9 @@ class ZmqHub(RouterOutbound, Hub):
         self._peers[ident] = peer
         self._on_fd[peer.fd] = ident
         self._announce_member(peer.client_id, replaced[0])
+        if not welcomed:  # joined, and gone
+            self._end(peer, "its welcome could not be queued: its queue is full (it reads nothing)")
+            return None
         return peer
 
     def _end(self, peer: Peer, reason: str) -> None:

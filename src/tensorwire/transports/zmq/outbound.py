@@ -80,21 +80,22 @@ class RouterOutbound:
             wake(self._wake_w)
 
     def _say(
-        self, ident: bytes, enc: EncodedMessage, what: str, then: Callable[[], None] | None = None
+        self, ident: bytes, enc: EncodedMessage, what: str, first: Callable[[], None] | None = None
     ) -> bool:
         """Queue a control message if the peer's queue has room (never waits: the reader
-        thread sends these); False if it could not. ``then`` runs once it is queued, in the
-        same hold of the lock (a welcome's: no send can fall between it and what it sets)."""
+        thread sends these); False if it could not. ``first`` runs just before it is queued,
+        in the same hold of the lock (a welcome's: what it sets is set when the peer has the
+        welcome, which libzmq may send at once, and no send falls between them)."""
         trackers: list[zmq.MessageTracker] = []
         with self._lock:
             try:
+                if first is not None and not self._stopping:
+                    first()
                 queued = not self._stopping and all(
                     queue_piece(self._router, piece, trackers, ident)
                     for piece in message_pieces(enc)
                 )
                 why = "its queue is full"
-                if queued and then is not None:
-                    then()
             except zmq.ZMQError as exc:
                 queued, why = False, str(exc)
             finally:
