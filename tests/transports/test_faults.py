@@ -92,7 +92,10 @@ class _ThreadPeer:
                 continue
             except OSError:
                 return
-            self.ch.send({"n": np.array(msg.n_tensors)}, meta=msg.meta, timeout=60)
+            try:
+                self.ch.send({"n": np.array(msg.n_tensors)}, meta=msg.meta, timeout=60)
+            except OSError:  # killed between the two: its channel was dropped
+                return
 
     def hang(self) -> None:
         self.hung.set()
