@@ -48,29 +48,39 @@ def test_clashes_are_told_apart_from_other_failures():
     assert len(calls) == ports.ATTEMPTS
 
 
-def test_mosquitto_moves_off_a_port_taken_before_it_bound_it(taken, monkeypatch):
+BROKERS = {  # how to find it, the module that picks its ports, the class, whether it answers
+    "mosquitto": (
+        mosquitto.find_mosquitto,
+        mosquitto,
+        MosquittoBroker,
+        lambda b: mosquitto_answers(b.host, b.port),
+    ),
+    "rabbitmq": (
+        rabbitmq.find_rabbitmq,
+        rabbitmq,
+        RabbitMQBroker,
+        lambda b: rabbitmq_answers(f"amqp://guest:guest@127.0.0.1:{b.port}/%2F"),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKERS))
+def test_a_broker_moves_off_a_port_taken_before_it_bound_it(kind, taken, monkeypatch):
+    find, module, broker_type, answers = BROKERS[kind]
+    try:
+        find()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    pick, picks = _first_pick(taken)
+    monkeypatch.setattr(module, "free_port", pick)
+    with broker_type() as broker:
+        assert picks[0] == taken and broker.port not in (0, taken) and answers(broker)
+
+
+def test_a_port_given_is_the_callers_and_is_never_replaced(taken):
     try:
         mosquitto.find_mosquitto()
     except MissingDependency as exc:
         pytest.skip(str(exc))
-    pick, picks = _first_pick(taken)
-    monkeypatch.setattr(mosquitto, "free_port", pick)
-    with MosquittoBroker() as broker:
-        assert picks[0] == taken and broker.port == picks[-1] != taken
-        assert mosquitto_answers(broker.host, broker.port)
-    # a port given is the caller's: no other is tried, and the error says why
-    with pytest.raises(TransportError, match=r"(?i)address already in use"):
+    with pytest.raises(TransportError, match=r"(?i)address already in use"):  # and says why
         MosquittoBroker(taken).start()
-    assert len(picks) == 2
-
-
-def test_rabbitmq_moves_off_a_port_taken_before_it_bound_it(taken, monkeypatch):
-    try:
-        rabbitmq.find_rabbitmq()
-    except MissingDependency as exc:
-        pytest.skip(str(exc))
-    pick, picks = _first_pick(taken)
-    monkeypatch.setattr(rabbitmq, "free_port", pick)
-    with RabbitMQBroker() as broker:
-        assert picks[0] == taken and broker.port != taken
-        assert rabbitmq_answers(f"amqp://guest:guest@127.0.0.1:{broker.port}/%2F")
