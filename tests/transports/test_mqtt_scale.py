@@ -4,6 +4,7 @@ on it warns before its devices fill it, a device past the limit gets BrokerFull 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -11,11 +12,14 @@ import pytest
 pytest.importorskip("paho.mqtt", reason="paho-mqtt is not installed (extra 'mqtt')")
 
 from broker_limits import near_limit_warning, running
+from mqtt_helpers import _private, fixture_prefix  # noqa: F401  (a fixture: prefix)
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import BrokerFull, TransportError
 from tensorwire.transports.brokers.mosquitto import MosquittoBroker, mosquitto_answers
 from tensorwire.transports.mqtt import MqttSettings
+from tensorwire.transports.mqtt.connection import BrokerConnection
 
 T = 60.0  # seconds: a join on a loaded 2-core machine
 FDS = 84  # descriptors for a broker of 4 connections (Mosquitto's own 64, 16 spare)
@@ -81,3 +85,42 @@ def test_devices_past_a_full_broker_get_BrokerFull_the_hub_warned_and_the_broker
             for ch in joined:
                 ch.close()
     assert mosquitto_answers(small_broker.host, small_broker.port)
+
+
+def test_a_subscriber_that_stalls_loses_none_of_more_messages_than_the_broker_queues(prefix):
+    """Mosquitto sends a client 20 QoS 1 messages at a time and queues 1,000 more, then drops:
+    a connection asks for Receive Maximum, so a hub that many devices say hello to at once
+    (its network thread held up meanwhile) loses none."""
+    broker = _private()
+    s = MqttSettings.from_url(broker.url(prefix))
+    stalled, got = threading.Event(), []
+
+    def on_message(_topic: str, payload: bytes, _dup: bool) -> None:
+        stalled.wait(T)  # holds paho's network thread: no PUBACK goes out meanwhile
+        got.append(payload)
+
+    def connection(topics: list[str], on_message) -> BrokerConnection:
+        c = BrokerConnection(
+            s,
+            tls=None,
+            will=lambda: (f"{prefix}/will", b""),
+            subscriptions=topics,
+            on_message=on_message,
+            on_lost=lambda _d: None,
+            on_back=lambda _d, _k: None,
+        )
+        c.connect(time.monotonic() + T, T)
+        return c
+
+    n = 1500  # past Mosquitto's 20 in flight + 1,000 queued
+    hub = connection([f"{prefix}/up/#"], on_message)
+    device = connection([f"{prefix}/down"], lambda *_: None)
+    try:
+        device.publish_chunks(f"{prefix}/up/d", (b"%d" % i for i in range(n)), time.monotonic() + T)
+        stalled.set()
+        assert until(lambda: len(got) >= n), f"{len(got)} of {n} messages came"
+        assert got == [b"%d" % i for i in range(n)]
+    finally:
+        device.close()
+        hub.close()
+        broker.stop()

@@ -39,6 +39,11 @@ MQTT_MAX_PACKET = 268_435_455 + 5  # the protocol's largest remaining length + f
 # Mosquitto drops QoS 1/2 messages queued for a slow subscriber past max_queued_messages
 # (1000 by default): bigger chunks keep one message well below that.
 MAX_CHUNKS_PER_MESSAGE = 512
+# QoS 1/2 messages the broker may have in flight to us (MQTT 5 Receive Maximum: the most the
+# protocol allows). Without it Mosquitto sends a client 20 at a time and queues the rest, up to
+# its max_queued_messages (1000), then drops: a hub that 2,000 devices said hello to lost
+# hundreds of hellos, and joins took minutes. In flight, TCP paces them instead.
+RECEIVE_MAXIMUM = 65_535
 WINDOW_BYTES = 8 << 20  # published but unacknowledged, per send
 # Seconds of MQTT keep-alive. paho drops its connection when a PINGRESP is a keep-alive late,
 # the broker a client silent for 1.5 keep-alives (then sends its will). At 60 s a device lost
@@ -236,6 +241,7 @@ class BrokerConnection:
         """Connect (retrying while nothing listens), wait for the CONNACK, then subscribe."""
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = SESSION_EXPIRY_S
+        props.ReceiveMaximum = RECEIVE_MAXIMUM
         s = self.settings
 
         def attempt(_deadline: float | None) -> Any:
