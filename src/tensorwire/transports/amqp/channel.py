@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 import uuid
@@ -111,7 +112,7 @@ class AmqpChannel(BrokerChannel):
         self._asking_since = 0.0  # when the hello said again after a reconnect began
         self._afresh = False  # asking in a new session: the hub no longer had ours
         self._hub_grace.clear("hub")
-        self._next_hub_check = 0.0
+        self._next_hub_check = 0.0  # see _on_answer
         self._hello_wait = HELLO_RETRY  # seconds the next hello waits for its answer
         self._begun = True
 
@@ -158,14 +159,22 @@ class AmqpChannel(BrokerChannel):
 
     def _setup(self, conn: pika.BlockingConnection) -> None:
         """Declare our queue and consume it (exclusively: a stale connection cannot take
-        its messages)."""
+        its messages). The other channels open when first used: a join is round trips to a
+        broker that thousands of devices may be joining at once."""
         ch = conn.channel()
         declare_queue(ch, self._queue)
         ch.basic_qos(prefetch_count=PREFETCH)
         ch.basic_consume(self._queue, self._on_delivery, exclusive=True)
+        self._conn = conn
         self._admin = Admin(conn)  # looks at the uplink
-        self._control = conn.channel()  # hellos said again, confirmed
-        self._control.confirm_delivery()
+        self._control: Any = None  # hellos said again, confirmed
+
+    def _control_channel(self) -> Any:
+        """The confirming channel for hellos said again (consumer thread)."""
+        if self._control is None or not self._control.is_open:
+            self._control = self._conn.channel()
+            self._control.confirm_delivery()
+        return self._control
 
     def _on_delivery(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         try:
@@ -276,6 +285,9 @@ class AmqpChannel(BrokerChannel):
         if answer is not None:
             self._answered(answer)
         if isinstance(answer, Welcomed):
+            # a random first look at the uplink: clients that join together (a thousand
+            # in a few seconds) do not look together ever after
+            self._next_hub_check = time.monotonic() + random.uniform(0.0, HUB_CHECK)
             self._check_early()
 
     def _answered(self, answer: Welcomed | Exception) -> None:
@@ -321,7 +333,8 @@ class AmqpChannel(BrokerChannel):
             self._afresh = True
         self._rehello_at = self._asking_since = time.monotonic()
 
-    def _tick(self) -> None:
+    def _tick(self) -> float:
+        """Bookkeeping on the consumer thread; the seconds until it is due again."""
         for _, exc in self._inflow.expire():
             self._dropped(exc)
         now = time.monotonic()
@@ -332,12 +345,16 @@ class AmqpChannel(BrokerChannel):
                 # key (a hub of its own started on the prefix took the first hello again)
                 self._ask_afresh(f"it did not answer our sealed hello for {HUB_GRACE:g} s")
                 sealer = None
-            say(self._control, self._uplink, self._hello, self.client_id, sealer)
+            say(self._control_channel(), self._uplink, self._hello, self.client_id, sealer)
             self._rehello_at = now + HELLO_RETRY
         joined = self._session.state is State.OPEN or self._afresh
         if joined and self._inbox.failed is None and now >= self._next_hub_check:
             self._check_hub(now)
             self._next_hub_check = now + HUB_CHECK
+        due = [HUB_CHECK if self._rehello_at is None else self._rehello_at - now]
+        if joined and self._inbox.failed is None:  # not joined yet: no look is due
+            due.append(self._next_hub_check - now)
+        return min(due)
 
     def _check_hub(self, now: float) -> None:
         """The hub is gone once nobody has consumed the uplink for HUB_GRACE seconds."""

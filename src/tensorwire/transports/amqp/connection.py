@@ -144,21 +144,24 @@ def declare_queue(ch: Any, queue: str) -> None:
 
 
 class Admin:
-    """A channel for binds and probes, on the consumer's connection and thread: a refusal
-    (404: the queue is gone) closes it, so each gets its own channel and a new one follows."""
+    """A channel for binds and probes, on the consumer's connection and thread, opened when
+    first used: a refusal (404: the queue is gone) closes it, so each gets its own channel and
+    a new one follows."""
 
     def __init__(self, conn: pika.BlockingConnection) -> None:
         self._conn = conn
-        self._ch = conn.channel()
+        self._ch: Any = None
 
     def run(self, op: Callable[[Any], Any]) -> bool:
         """Run ``op(channel)``; False if the broker refused it."""
+        if self._ch is None:
+            self._ch = self._conn.channel()
         try:
             op(self._ch)
             return True
         except px.ChannelClosedByBroker as exc:
             log.debug("amqp: broker refused: %s", exc.reply_text)
-            self._ch = self._conn.channel()
+            self._ch = None
             return False
 
     def consumers(self, queue: str) -> int:

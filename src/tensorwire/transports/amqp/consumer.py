@@ -18,7 +18,7 @@ import pika.exceptions as px
 
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout
 from tensorwire.transports.amqp.connection import close_quietly, connect_blocking, connect_once
-from tensorwire.transports.amqp.settings import OUTAGE_LIMIT, TICK, AmqpAddress
+from tensorwire.transports.amqp.settings import MAX_TICK, OUTAGE_LIMIT, TICK, AmqpAddress
 from tensorwire.transports.base import dial, remaining
 
 log = logging.getLogger("tensorwire.transports.amqp")
@@ -45,6 +45,10 @@ class Consumer(threading.Thread):
     """Owns the endpoint's one connection: runs its deliveries, ``tick()`` and the work other
     threads hand it (:meth:`call`) until :meth:`stop`.
 
+    ``tick()`` returns how many seconds it may wait before it runs again (None: :data:`TICK`);
+    between ticks the thread sleeps in the connection's poll, woken only by the broker or by
+    work handed over, so a thousand idle endpoints in one process do not wake each other.
+
     The first connection is made (retried until ``deadline``) and ``setup(conn)`` run on it in
     the constructor, so their errors are the caller's. When the broker connection is lost it
     calls ``on_lost(detail)``, reconnects with backoff, runs ``setup`` on the new connection and
@@ -59,7 +63,7 @@ class Consumer(threading.Thread):
         deadline: float | None,
         *,
         setup: Callable[[pika.BlockingConnection], None],
-        tick: Callable[[], None],
+        tick: Callable[[], float | None],
         on_lost: Callable[[str], None],
         on_back: Callable[[str], None],
         on_gone: Callable[[Exception], bool],
@@ -95,12 +99,14 @@ class Consumer(threading.Thread):
         return conn
 
     def run(self) -> None:
+        wait = 0.0  # seconds until the next tick
         try:
             while not self._stopping:
                 try:
-                    self.conn.process_data_events(time_limit=TICK)
+                    self.conn.process_data_events(time_limit=wait)
                     self._run_jobs()
-                    self._tick()
+                    after = self._tick()
+                    wait = TICK if after is None else min(max(after, 0.0), MAX_TICK)
                     continue
                 except (px.AMQPError, OSError) as exc:
                     lost: Exception = exc
@@ -111,6 +117,7 @@ class Consumer(threading.Thread):
                     return
                 close_quietly(self.conn)
                 self._reconnect(lost)
+                wait = 0.0  # what the new connection asks for (a hello again) is due now
         finally:
             close_quietly(self.conn)
             for job in self._jobs:

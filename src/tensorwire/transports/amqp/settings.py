@@ -35,10 +35,13 @@ OUTAGE_LIMIT = 600.0  # seconds without the broker before a channel gives up, a 
 LEAVE_GRACE = 10.0  # seconds a member's queue may go unconsumed (it is reconnecting) on the hub
 LIVENESS_PROBES = 64  # members' queues the hub looks at per liveness check (each a round trip)
 HUB_GRACE = 30.0  # seconds the uplink may go unconsumed (the hub is reconnecting), for a client
-HUB_CHECK = 2.0  # seconds between a client's looks at the uplink
+# seconds between a client's looks at the uplink: each is a round trip to the broker, so 2,000
+# clients looking every 2 s kept it (and themselves) busy with 1,000 a second (issue #27)
+HUB_CHECK = 10.0
 HELLO_RETRY = 2.0  # seconds to wait for a welcome before saying hello again
 HELLO_RETRY_MAX = 16.0  # seconds: the wait doubles after each hello an existing hub left unanswered
-TICK = 0.5  # seconds between the consumer thread's bookkeeping rounds at most
+TICK = 0.5  # seconds between the consumer thread's bookkeeping rounds, unless it says otherwise
+MAX_TICK = HUB_CHECK  # seconds: the longest a consumer thread sleeps without a reason to wake
 HEARTBEAT = 180  # seconds: tolerates a heartbeat ~95 s late (see the package's docstring)
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect: SYN retries at 1, 3, 7, 15 s fit
 HANDSHAKE_TIMEOUT = 60.0  # seconds for connect + AMQP handshake (pika's 15 s fails at 20 % loss)

@@ -191,7 +191,9 @@ class RabbitMQBroker:
             # RabbitMQ's list, so its other defaults are repeated.
             "handshake_timeout": "60000",
             "tcp_listen_options.send_timeout": "540000",
-            "tcp_listen_options.backlog": "128",
+            # thousands of devices connect at once: RabbitMQ's 128 overflowed, and a dropped SYN
+            # is retried by TCP only after 1, 3, 7 s (the kernel caps it at net.core.somaxconn)
+            "tcp_listen_options.backlog": "4096",
             "tcp_listen_options.nodelay": "true",
             "tcp_listen_options.linger.on": "true",
             "tcp_listen_options.linger.timeout": "0",

@@ -1,0 +1,103 @@
+"""amqp:// endpoints that have nothing to do ask nothing (issue #27: 2,000 clients woke twice a
+second and looked at the uplink every 2 s, 1,000 round trips a second): a consumer thread
+sleeps as long as its tick says, a client looks at the uplink every HUB_CHECK seconds from a
+random start, and its admin and control channels open only when first used."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("pika", reason="pika is not installed (extra 'amqp')")
+
+from waiting import until
+
+import tensorwire
+from tensorwire.transports.amqp import AmqpAddress
+from tensorwire.transports.amqp import consumer as amqp_consumer
+from tensorwire.transports.amqp.settings import HUB_CHECK, MAX_TICK, TICK
+
+SCHEME = __import__("amqp_helpers").SCHEME
+T = 60.0  # seconds: joins on a loaded 2-core machine
+
+
+class _Connection:
+    """Stands in for pika's: records how long each poll was allowed to wait; the first poll
+    after ``lose_at`` calls is a lost connection."""
+
+    def __init__(self, waits: list[float], lose_at: int | None = None) -> None:
+        self.waits, self.lose_at, self.is_open = waits, lose_at, True
+
+    def process_data_events(self, time_limit: float) -> None:
+        self.waits.append(time_limit)
+        if self.lose_at is not None and len(self.waits) == self.lose_at:
+            raise OSError("connection reset")
+        time.sleep(0.001)  # a poll that waited: keeps the loop from spinning the test
+
+    def add_callback_threadsafe(self, fn) -> None:
+        pass
+
+    def close(self) -> None:
+        self.is_open = False
+
+
+def _consumer(monkeypatch, waits: list[float], afters: list[float | None], lose_at=None):
+    """A Consumer on a stand-in connection whose tick returns ``afters`` in turn."""
+    conn = _Connection(waits, lose_at)
+    monkeypatch.setattr(amqp_consumer, "connect_blocking", lambda *a: conn)
+    monkeypatch.setattr(amqp_consumer, "dial", lambda reopen, **kw: conn)
+    turns = iter(afters)
+    ticked = threading.Event()
+
+    def tick() -> float | None:
+        after = next(turns, None)
+        if after is None:
+            ticked.set()
+        return after
+
+    consumer = amqp_consumer.Consumer(
+        AmqpAddress("amqp://127.0.0.1/?prefix=p"),
+        "c",
+        None,
+        setup=lambda conn: None,
+        tick=tick,
+        on_lost=lambda detail: None,
+        on_back=lambda detail: None,
+        on_gone=lambda exc: False,
+    )
+    consumer.start()
+    assert ticked.wait(10)
+    consumer.stop()
+    return waits
+
+
+def test_a_consumer_thread_sleeps_as_long_as_its_tick_says(monkeypatch):
+    waits = _consumer(monkeypatch, [], [7.0, 3600.0, -1.0, None])
+    assert waits[:5] == [0.0, min(7.0, MAX_TICK), MAX_TICK, 0.0, TICK]
+
+
+def test_after_a_lost_connection_the_tick_is_due_at_once(monkeypatch):
+    waits = _consumer(monkeypatch, [], [5.0, 5.0, None], lose_at=3)
+    assert waits[:4] == [0.0, 5.0, 5.0, 0.0]  # the third poll lost it; the new one ticks now
+
+
+def test_idle_clients_look_at_the_uplink_spread_out_and_open_channels_only_when_used(request):
+    url = SCHEME.private_broker(request).hub_url()  # the session's private node
+    with tensorwire.serve(url, codec=None) as hub:
+        chans = [tensorwire.connect(hub.url, client_id=f"q{i}", timeout=T) for i in range(12)]
+        try:
+            hub.wait_for(len(chans), timeout=T)
+            now = time.monotonic()
+            looks = [ch._next_hub_check - now for ch in chans]
+            assert all(-1.0 < s <= HUB_CHECK for s in looks), looks
+            assert max(looks) - min(looks) > HUB_CHECK / 4, looks  # not all at once
+            ch = chans[0]
+            assert ch._control is None  # said no hello again: no control channel
+            # a joined client's tick sleeps until its next look, not TICK
+            assert until(lambda: ch._admin._ch is not None, timeout=HUB_CHECK + T)
+            assert ch._next_hub_check - time.monotonic() > TICK
+        finally:
+            for ch in chans:
+                ch.close()
