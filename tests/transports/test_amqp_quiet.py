@@ -34,7 +34,6 @@ class _Connection:
         self.waits.append(time_limit)
         if self.lose_at is not None and len(self.waits) == self.lose_at:
             raise OSError("connection reset")
-        time.sleep(0.001)  # a poll that waited: keeps the loop from spinning the test
 
     def add_callback_threadsafe(self, fn) -> None:
         pass
