@@ -39,10 +39,8 @@ MQTT_MAX_PACKET = 268_435_455 + 5  # the protocol's largest remaining length + f
 # Mosquitto drops QoS 1/2 messages queued for a slow subscriber past max_queued_messages
 # (1000 by default): bigger chunks keep one message well below that.
 MAX_CHUNKS_PER_MESSAGE = 512
-# QoS 1/2 messages the broker may have in flight to us (MQTT 5 Receive Maximum: the most the
-# protocol allows). Without it Mosquitto sends a client 20 at a time and queues the rest, up to
-# its max_queued_messages (1000), then drops: a hub that 2,000 devices said hello to lost
-# hundreds of hellos, and joins took minutes. In flight, TCP paces them instead.
+# Our MQTT 5 Receive Maximum, the most allowed: else Mosquitto sends 20 QoS 1/2 messages at a
+# time, queues 1,000 and drops the rest (a hub lost the hellos of 2,000 devices joining at once).
 RECEIVE_MAXIMUM = 65_535
 WINDOW_BYTES = 8 << 20  # published but unacknowledged, per send
 # Seconds of MQTT keep-alive. paho drops its connection when a PINGRESP is a keep-alive late,
@@ -134,6 +132,7 @@ class BrokerConnection:
         self._connack: Any = None  # the first CONNACK's reason code, once it came
         self._unanswered = 0  # connections the broker ended before its first CONNACK
         self._subacks: dict[int, list[Any] | None] = {}  # awaited SUBACKs: None until it came
+        self._awaited: dict[int, bool] = {}  # message ids a send waits on: acknowledged yet?
         self._closing = False
         self._down_since: float | None = None  # monotonic, while the connection is lost
         self._generation = 0  # connections made: a QoS 0 publish is lost with its connection
@@ -157,6 +156,7 @@ class BrokerConnection:
         client.on_connect = self._connected
         client.on_disconnect = self._disconnected
         client.on_subscribe = self._subscribed
+        client.on_publish = self._acknowledged
         client.on_message = self._received
         self._client = client
         self._arm_will()
@@ -234,6 +234,14 @@ class BrokerConnection:
         refused = [c for c in codes if c.is_failure]
         if refused:
             log.error("mqtt: the broker refused our subscriptions again: %s", refused)
+
+    def _acknowledged(self, _c: Any, _u: Any, mid: int, _reason: Any, _props: Any) -> None:
+        # a waiting send wakes here: paho's wait_for_publish polls 10 times a second, thousands
+        # of wake-ups a second in a process of many connections, all queueing for the GIL
+        with self._cond:
+            if mid in self._awaited:
+                self._awaited[mid] = True
+                self._cond.notify_all()
 
     # -- caller's thread --------------------------------------------------------------
 
@@ -445,20 +453,30 @@ class BrokerConnection:
         return info, generation
 
     def _wait(self, info: paho.MQTTMessageInfo, generation: int, deadline: float | None) -> None:
-        # paho wakes this on the acknowledgement; the 1 s slices notice a closed connection.
-        while not info.is_published():
+        # woken by the acknowledgement (_acknowledged) or a lost connection; 1 s slices else
+        mid = info.mid
+        with self._cond:
+            self._awaited[mid] = False
+        try:
+            while not info.is_published():
+                with self._cond:
+                    self._check_usable()
+                    if not self.settings.qos and (self._generation != generation or not self.up):
+                        raise TransportError(
+                            f"a QoS 0 publish was lost with the connection to {self.address}"
+                        )
+                    left = remaining(deadline)
+                    if left == 0.0:
+                        raise TransportTimeout(
+                            f"the broker did not acknowledge the message in time{self._outage()}"
+                        )
+                    if not self._awaited[mid]:
+                        self._cond.wait(1.0 if left is None else min(left, 1.0))
+                if self._awaited.get(mid):  # paho marks it published right after the callback
+                    info.wait_for_publish(1.0)
+        finally:
             with self._cond:
-                self._check_usable()
-                if not self.settings.qos and (self._generation != generation or not self.up):
-                    raise TransportError(
-                        f"a QoS 0 publish was lost with the connection to {self.address}"
-                    )
-            left = remaining(deadline)
-            if left == 0.0:
-                raise TransportTimeout(
-                    f"the broker did not acknowledge the message in time{self._outage()}"
-                )
-            info.wait_for_publish(1.0 if left is None else min(left, 1.0))
+                self._awaited.pop(mid, None)
 
     def close(self, graceful: bool = True) -> None:
         """Disconnect and stop the network thread. ``graceful``: the broker ends our session
