@@ -79,6 +79,8 @@ class Connection:
         # its bytes are with the connection, up to SEND_AHEAD ahead of the link)
         self._submitted: dict[int, tuple[int, float]] = {}
         self.on_acked: Callable[[int, float], None] | None = None
+        # told once the TLS handshake is complete (on the I/O thread)
+        self.on_handshake: Callable[[Connection], None] | None = None
         self.handshake_done = threading.Event()
         self.closed = threading.Event()
         self.close_reason = ""
@@ -127,6 +129,8 @@ class Connection:
             self._give_up(event.stream_id, None)
         elif isinstance(event, events.HandshakeCompleted):
             self.handshake_done.set()
+            if self.on_handshake is not None:
+                self.on_handshake(self)
         elif isinstance(event, events.StopSendingReceived):
             self._cancel_stream(event.stream_id)
         elif isinstance(event, events.ConnectionTerminated):

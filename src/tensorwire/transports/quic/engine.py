@@ -27,6 +27,11 @@ from tensorwire.transports.timer_heap import TimerHeap
 from tensorwire.wire import EncodedMessage
 
 log = logging.getLogger("tensorwire.transports.quic")
+# aioquic logs each error a stray packet causes (thousands in a join storm: "Packet contains
+# no CRYPTO frame") as a WARNING of its "quic" logger; with no handler configured, Python's
+# last resort printed each raw to stderr. They still reach an application's own handlers;
+# the hub reports refusals itself, a line per kind every few seconds.
+logging.getLogger("quic").addHandler(logging.NullHandler())
 
 RECV_BATCH = 256  # datagrams read per wake-up before sending what they call for
 SOCKET_BUFFER = 8 << 20  # bytes of kernel socket buffer asked for, each direction

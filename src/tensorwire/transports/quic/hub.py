@@ -43,12 +43,19 @@ from tensorwire.wire import EncodedMessage, Message
 
 log = logging.getLogger("tensorwire.transports.quic")
 
-MIN_WAIT = 1.0
-"""Seconds a connection waits for its hello before a newcomer may push it out of a full
-waiting room: under a join storm (thousands of devices from one simulating host, slow to
-answer) the newcomer's Initial is dropped instead, and retried by its client, rather than
-each newcomer pushing out one that was about to say hello. An attacker who keeps the room
-full of younger ones must complete its size in QUIC handshakes each second."""
+MAX_HANDSHAKES = 1024
+"""QUIC handshakes a hub runs at once (each costs it a TLS handshake's CPU): past it, a
+new client's Initial is dropped, and its QUIC sends it again, backing off."""
+MAX_HANDSHAKES_PER_SOURCE = 256
+"""... of them from one address: a host simulating thousands of devices, or an attacker,
+gets a quarter of the hub's handshakes, and other hosts the rest (500 joins from one host:
+2.3 s at 256, 6.8 s at 64, whose dropped Initials waited out their clients' backoff)."""
+HANDSHAKE_MIN_WAIT = 2.0
+"""Seconds a handshake runs before a newcomer may push it out of a full room (refused:
+"did not finish its handshake"). Younger ones are never pushed out: under a join storm
+(thousands of devices from one host) the newcomers wait outside instead of each undoing a
+handshake that was about to finish, which ended with no device joined at 2,000; an attacker
+who keeps the room full must start that many handshakes every 2 s."""
 
 SCAN_EVERY = 0.1
 """Seconds between two housekeeping scans of every connection (hello timeouts, keep-alives,
@@ -75,7 +82,10 @@ class QuicHub(Hub):
         self.url = f"quic://{host}:{sock.getsockname()[1]}{query}"
         self._peers: dict[str, Connection] = {}
         self._sessions: dict[Connection, HubSession] = {}
-        # connections with no hello yet: the oldest make room for new ones (I/O thread's own)
+        # connections in their handshake, then with no hello yet (the I/O thread's own)
+        self._handshakes: WaitingRoom[Connection] = WaitingRoom(
+            MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE
+        )
         self._waiting: WaitingRoom[Connection] = WaitingRoom(MAX_SILENT, MAX_SILENT_PER_SOURCE)
         self._lock = threading.Lock()
         self._engine = Engine(sock, f"tensorwire-quic-hub-{sock.getsockname()[1]}", self._accept)
@@ -85,8 +95,8 @@ class QuicHub(Hub):
     # -- on the I/O thread ---------------------------------------------------------------
 
     def _accept(self, header: Any, addr: Any, now: float) -> Connection | None:
-        pushed_since = self._waiting.would_push(addr[0])
-        if pushed_since is not None and now - pushed_since < MIN_WAIT:
+        pushed_since = self._handshakes.would_push(addr[0])
+        if pushed_since is not None and now - pushed_since < HANDSHAKE_MIN_WAIT:
             return None  # dropped: the client's QUIC retries its Initial, backing off
         cls = CertificateRequestingConnection if self._mutual else TunedQuicConnection
         conn = cls(
@@ -96,11 +106,22 @@ class QuicHub(Hub):
             conn, addr, client_side=False, limits=HELLO_LIMITS, deliver=self._deliver
         )
         connection.on_acked = self._note_link
+        connection.on_handshake = self._handshaken
         self._sessions[connection] = HubSession(**self._session_options())
-        for old, why in self._waiting.add(connection, addr[0], now):
+        for old, why in self._handshakes.add(connection, addr[0], now):
+            self._refused(old.who, TransportError(f"did not finish its handshake while {why}"))
+            old.close(APP_REFUSED, "no handshake in time")
+        return connection
+
+    def _handshaken(self, connection: Connection) -> None:
+        """Its handshake is done: it waits for its hello now, where the oldest silent ones
+        make room for new ones (an idle connection holds off nobody)."""
+        session = self._sessions.get(connection)
+        if not self._handshakes.remove(connection) or session is None or session.client_id:
+            return
+        for old, why in self._waiting.add(connection, connection.addr[0], time.monotonic()):
             self._refused(old.who, TransportError(f"said no hello while {why}"))
             old.close(APP_REFUSED, "no hello in time")
-        return connection
 
     def _tick(self, now: float) -> None:
         """Housekeeping, at most every :data:`SCAN_EVERY` seconds (it looks at every
@@ -125,6 +146,7 @@ class QuicHub(Hub):
 
     def _ended(self, connection: Connection, session: HubSession) -> None:
         del self._sessions[connection]
+        self._handshakes.remove(connection)
         self._waiting.remove(connection)
         cid = session.client_id
         if cid is None:
