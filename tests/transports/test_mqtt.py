@@ -38,7 +38,7 @@ from tensorwire.transports.mqtt import (
     MqttSettings,
 )
 from tensorwire.transports.session import ClientSession
-from tensorwire.wire import parse_chunk
+from tensorwire.wire import encode_message, parse_chunk
 
 
 @pytest.fixture(scope="module")
@@ -350,3 +350,19 @@ def test_a_broadcast_during_an_outage_fails_at_its_deadline_and_is_never_deliver
             assert hub.clients == ["c"]
     finally:
         broker.stop()
+
+
+def test_a_big_message_on_a_session_the_hub_does_not_know_says_so(broker, prefix):
+    # a device the hub has forgotten (its will came, or the hub restarted) sends its update:
+    # read under the hello limits, the error names the missing session, not only the size
+    url = f"{broker}/{prefix}"
+    with tensorwire.serve(url) as hub:
+        raw = _Raw(url)
+        s = raw.settings
+        update = encode_message({"w": np.ones(30_000, np.float32)})  # 120 KB: past 64 KiB
+        raw.publish(s.up("gone", uuid.uuid4().hex), _one_chunk(update))
+        raw.close()
+        assert until(lambda: hub.errors), "the hub said nothing of the message"
+        who, exc = hub.errors[0]
+        assert who == "gone" and "no session open here" in str(exc)
+        assert hub.clients == []
