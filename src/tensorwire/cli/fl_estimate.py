@@ -12,12 +12,12 @@ if TYPE_CHECKING:
 CONFIRM_ABOVE_S = 15 * 60  # a bench fl run estimated longer asks before it starts
 
 # Calibrated on this project's 2-core machine against whole quick runs (digits, VGG-5, 4
-# devices, 3 rounds, 7 protocols at 4g): 143 s and 300 s measured with the machine shared,
-# 213 s estimated. Each figure below is a quiet machine's; a busy one scales the whole
-# (:func:`load_factor`).
-QUICK_RUNS_S = (143.0, 300.0)
+# devices, 3 rounds, 7 protocols at 4g): 141 s on a quiet machine (a fresh clone's
+# main.sh, 2026-11-29), 143 s and 300 s with the machine shared; 203 s estimated. Each
+# figure below is a quiet machine's; a busy one scales the whole (:func:`load_factor`).
+QUICK_RUNS_S = (141.0, 143.0, 300.0)
 
-_EXPERIMENT_S = 15.0  # per experiment: testbed, broker, processes, the first round's warm-up
+_EXPERIMENT_S = 13.5  # per experiment: testbed, broker, processes, the first round's warm-up
 
 _ROUND_S = 1.5  # per round: evaluation, aggregation, counters
 
