@@ -48,8 +48,8 @@ MAX_HANDSHAKES = 1024
 new client's Initial is dropped, and its QUIC sends it again, backing off."""
 MAX_HANDSHAKES_PER_SOURCE = 256
 """... of them from one address: a host simulating thousands of devices, or an attacker,
-gets a quarter of the hub's handshakes, and other hosts the rest (500 joins from one host:
-2.3 s at 256, 6.8 s at 64, whose dropped Initials waited out their clients' backoff)."""
+gets a quarter of the hub's handshakes, and other hosts the rest (500 joins from one host in
+``bench scale``: 4.5 s at 256, 6.8 s at 64, whose dropped Initials waited out backoff)."""
 HANDSHAKE_MIN_WAIT = 2.0
 """Seconds a handshake runs before a newcomer may push it out of a full room (refused:
 "did not finish its handshake"). Younger ones are never pushed out: under a join storm
