@@ -134,8 +134,8 @@ class MqttHub(BrokerHub[_Peer]):
             if done is None:
                 return
             msg = decode_message(done[0], limits=HELLO_LIMITS, codec_lookup=get_codec)
-        except WireError as exc:  # say why it was read under the hello limits at all
-            self._rejected(cid, WireError(f"{exc}, on {topic}: no session open here"))
+        except WireError as exc:  # same type, and why it was read under the hello limits
+            self._rejected(cid, type(exc)(f"{exc}, on {topic}: no session open here"))
             return
         if msg.kind == "hello":
             self._open_session(cid, sid, msg, bytes(done[0]))
