@@ -8,7 +8,8 @@ import copy
 import logging
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import pika
@@ -143,6 +144,10 @@ def declare_queue(ch: Any, queue: str) -> None:
     ch.queue_declare(queue, durable=True, arguments=_QUEUE_ARGS)
 
 
+def _bind(ch: Any, queue: str, exchange: str) -> None:
+    ch.queue_bind(queue, exchange)
+
+
 class Admin:
     """A channel for binds and probes, on the consumer's connection and thread, opened when
     first used: a refusal (404: the queue is gone) closes it, so each gets its own channel and
@@ -163,6 +168,25 @@ class Admin:
             log.debug("amqp: broker refused: %s", exc.reply_text)
             self._ch = None
             return False
+
+    def bind_all(self, queues: Sequence[str], exchange: str) -> list[bool]:
+        """Bind each of ``queues`` to ``exchange``; whether each is bound. One round trip for
+        all: the binds go out at once without answers (AMQP's no-wait) and a ``basic.qos``
+        after them, which the broker answers once it has done what came before it on the
+        channel. A bind it refused (404: the queue is gone) closed the channel and dropped the
+        binds after it: then each goes again, one at a time (:meth:`run`)."""
+        if len(queues) > 1:
+            if self._ch is None:
+                self._ch = self._conn.channel()
+            try:
+                for queue in queues:  # pika's own channel: no callback is a no-wait bind
+                    self._ch._impl.queue_bind(queue, exchange)
+                self._ch.basic_qos(prefetch_count=0)  # nothing consumes on this channel
+                return [True] * len(queues)
+            except px.ChannelClosedByBroker as exc:
+                log.debug("amqp: broker refused a bind of %d: %s", len(queues), exc.reply_text)
+                self._ch = None
+        return [self.run(partial(_bind, queue=q, exchange=exchange)) for q in queues]
 
     def consumers(self, queue: str) -> int:
         """How many consumers ``queue`` has (0 if it does not exist)."""

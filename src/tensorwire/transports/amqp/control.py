@@ -1,5 +1,5 @@
 """Session messages on RabbitMQ: always one chunk, told apart from sealed bodies, and said to a
-queue by name on the consumer's confirming channel."""
+queue by name on the control channel of the endpoint's connection."""
 
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ def refusal(exc: SessionRefused, session: Any) -> EncodedMessage:
 def say(
     ch: Any, queue: str, enc: EncodedMessage, sender: str, sealer: Sealer | None = None
 ) -> bool:
-    """Publish a session message to ``queue`` on the confirming channel ``ch``, sealed if
-    there is a ``sealer``; False if no queue takes it (its owner left) or the broker refused it."""
+    """Publish a session message to ``queue`` on the channel ``ch``, sealed if there is a
+    ``sealer``; on a confirming channel, False if no queue takes it (its owner left) or the
+    broker refused it (the hub's does not wait to know: True)."""
     try:
         ch.basic_publish("", queue, one_chunk(enc, sealer), props(sender), mandatory=True)
         return True

@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import pika
@@ -55,6 +56,21 @@ class _Peer(BrokerPeer):
     queue: str = ""  # its session queue, bound to the fanout exchange
 
 
+@dataclass(eq=False)
+class _Hello:
+    """A hello read and found good, to be answered once its queue is bound: a new session
+    (``again`` False: recorded, then welcomed) or one the hub has, asking again (welcomed
+    again, sealed by ``sealer`` if it asked sealed)."""
+
+    peer: _Peer
+    again: bool = False
+    sealer: Any = None
+
+
+def _unbind(ch: Any, queue: str, exchange: str) -> None:
+    ch.queue_unbind(queue, exchange)
+
+
 class AmqpHub(BrokerHub[_Peer]):
     """Hub on a RabbitMQ broker; clients connect to :attr:`url` (it carries the prefix).
 
@@ -84,6 +100,7 @@ class AmqpHub(BrokerHub[_Peer]):
         self._liveness = liveness
         self._probe_at = 0  # where the next liveness check starts among the members
         self._next_check = time.monotonic() + liveness
+        self._hellos: dict[str, _Hello] = {}  # read from the uplink, not answered yet
         self._consumer = Consumer(
             address,
             f"hub {self.prefix}",
@@ -113,13 +130,17 @@ class AmqpHub(BrokerHub[_Peer]):
                 f"({exc.reply_text}); pick another prefix= in the URL"
             ) from None
         self._admin = Admin(conn)  # a refused bind or probe never cancels the uplink consumer
-        self._control = conn.channel()  # welcomes and refusals, confirmed
-        self._control.confirm_delivery()
+        # Welcomes and refusals, unconfirmed: waiting for each confirm held up the next hello
+        # (2,000 joining, issue #27). One that is lost is asked for again: a client says hello
+        # until it is answered, and again after its connection came back.
+        self._control = conn.channel()
 
     def _on_uplink(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         sender = sender_of(props)
         peer = None
         try:
+            if sender in self._hellos:  # its hello first, as if it had been answered at once
+                self._answer_hellos()
             peer = self._peer_of(sender)
             if peer is None:
                 self._from_stranger(sender, body)
@@ -213,8 +234,7 @@ class AmqpHub(BrokerHub[_Peer]):
             # A copy of the opening hello (a stranger may replay it) earns the welcome only.
             key = peer.session.key
             sealer = self._sealer([key]) if sealed and key is not None else None
-            if self._admin.run(lambda ch: ch.queue_bind(peer.queue, self._fanout)):
-                say(self._control, peer.queue, peer.session.welcome(), HUB, sealer)
+            self._hellos[sender] = _Hello(peer, again=True, sealer=sealer)
             return
         asked = meta.get("queue")
         ours = (
@@ -237,21 +257,42 @@ class AmqpHub(BrokerHub[_Peer]):
                 say(self._control, queue, refusal(exc, meta.get("session")), HUB)
             self._refused(sender, exc)
             return
-        hello = session.hello
-        assert hello is not None
-        if not self._admin.run(lambda ch: ch.queue_bind(queue, self._fanout)):
-            log.info("amqp: %r's queue vanished before it joined", sender)
+        self._hellos[sender] = _Hello(_Peer(session, hello_bytes, queue=queue))
+
+    def _answer_hellos(self) -> None:
+        """Answer the hellos read since the last call: bind their queues to the fanout (one
+        round trip for all, :meth:`Admin.bind_all`), then record each new session and welcome
+        it, without waiting for the broker's confirm. A connection lost meanwhile leaves them
+        to be answered on the next one."""
+        if not self._hellos:
             return
-        old = self._add_peer(sender, _Peer(session, hello_bytes, queue=queue))
-        if old is not None and old.queue != queue:
-            log.info("amqp: client %r reconnected; its old queue leaves the fanout", sender)
-            self._admin.run(lambda ch: ch.queue_unbind(old.queue, self._fanout))
-        # Joined before the welcome: once the client is connected, the hub knows its codecs
-        # (data that overtakes the welcome waits in the client's inbox).
-        self._joined(
-            sender, hello.decoders, session=session, max_message_bytes=hello.max_message_bytes
-        )
-        say(self._control, queue, session.welcome(), HUB)
+        hellos = list(self._hellos.items())
+        bound = self._admin.bind_all([h.peer.queue for _, h in hellos], self._fanout)
+        self._hellos.clear()
+        for (sender, h), ok in zip(hellos, bound, strict=True):
+            peer = h.peer
+            if h.again:
+                if ok:
+                    say(self._control, peer.queue, peer.session.welcome(), HUB, h.sealer)
+                continue
+            if not ok:
+                log.info("amqp: %r's queue vanished before it joined", sender)
+                continue
+            old = self._add_peer(sender, peer)
+            if old is not None and old.queue != peer.queue:
+                log.info("amqp: client %r reconnected; its old queue leaves the fanout", sender)
+                self._admin.run(partial(_unbind, queue=old.queue, exchange=self._fanout))
+            # Joined before the welcome: once the client is connected, the hub knows its
+            # codecs (data that overtakes the welcome waits in the client's inbox).
+            hello = peer.session.hello
+            assert hello is not None
+            self._joined(
+                sender,
+                hello.decoders,
+                session=peer.session,
+                max_message_bytes=hello.max_message_bytes,
+            )
+            say(self._control, peer.queue, peer.session.welcome(), HUB)
 
     def _forget(self, client_id: str, peer: _Peer, reason: str) -> bool:
         """:meth:`BrokerHub._forget`; the queue leaves the fanout (unconsumed and unbound, the
@@ -262,6 +303,7 @@ class AmqpHub(BrokerHub[_Peer]):
         return True
 
     def _tick(self) -> None:
+        self._answer_hellos()  # those the last round of deliveries brought
         if time.monotonic() >= self._next_check:
             self._check_liveness()
             self._next_check = time.monotonic() + self._liveness
