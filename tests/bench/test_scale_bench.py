@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tensorwire.bench.scale import _tallies, client_procs, cpu_seconds
+from tensorwire.bench.scale_summary import median_rows
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ENV = os.environ | {"COLUMNS": "220", "PYTHONPATH": f"{SRC}{os.pathsep}"}
@@ -92,3 +94,49 @@ def test_bad_choices_are_refused_before_anything_starts():
     assert "known: " in done.stderr and "tcp" in done.stderr
     done = _bench("--clients", "10,9000")
     assert done.returncode == 2 and "1 to 5000" in done.stderr
+
+
+def test_repeated_runs_are_interleaved_and_the_table_gives_their_medians(tmp_path: Path):
+    out = tmp_path / "results"
+    done = _bench(
+        "--transports", "tcp,udp", "--clients", "2,4", "--procs", "2", "--repeat", "3",
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "medians of 3 interleaved runs" in done.stdout and "per_client_ratio" in done.stdout
+    rows = pq.read_table(out / "scale.parquet").to_pylist()
+    cases = [("tcp", 2), ("tcp", 4), ("udp", 2), ("udp", 4)]
+    assert [(r["run"], r["transport"], r["clients"]) for r in rows] == [
+        (run, *case) for run in (1, 2, 3) for case in cases
+    ]
+    medians = pq.read_table(out / "scale-medians.parquet").to_pylist()
+    assert [(m["transport"], m["clients"], m["runs"]) for m in medians] == [
+        (*case, 3) for case in cases
+    ]
+    for m in medians:
+        runs = sorted(r["join_s"] for r in rows if m_case(r) == m_case(m))
+        assert m["join_s"] == runs[1]
+    small = {m["transport"]: m["per_client_ms"] for m in medians if m["clients"] == 2}
+    for m in medians:
+        assert m["per_client_ratio"] == pytest.approx(m["per_client_ms"] / small[m["transport"]])
+
+
+def m_case(row: dict[str, object]) -> tuple[object, object]:
+    return row["transport"], row["clients"]
+
+
+def test_medians_leave_out_failed_runs_and_say_so():
+    rows = [
+        {"run": 1, "transport": "tcp", "clients": 10, "per_client_ms": 2.0, "join_s": 1.0},
+        {"run": 1, "transport": "tcp", "clients": 100, "per_client_ms": 3.0, "join_s": 5.0},
+        {"run": 2, "transport": "tcp", "clients": 10, "per_client_ms": 4.0, "join_s": 3.0},
+        {"run": 2, "transport": "tcp", "clients": 100, "error": "TransportTimeout: late"},
+        {"run": 1, "transport": "quic", "clients": 10, "error": "TransportError: no"},
+    ]
+    tcp10, tcp100, quic10 = median_rows(rows)
+    assert (tcp10["runs"], tcp10["failed_runs"], tcp10["per_client_ms"]) == (2, 0, 3.0)
+    assert tcp10["join_s"] == 2.0 and tcp10["per_client_ratio"] == 1.0
+    assert (tcp100["runs"], tcp100["failed_runs"], tcp100["per_client_ms"]) == (1, 1, 3.0)
+    assert tcp100["per_client_ratio"] == 1.0 and "error" not in tcp100
+    assert quic10["runs"] == 0 and quic10["error"] == "TransportError: no"
+    assert "per_client_ratio" not in quic10 and "run" not in tcp10

@@ -237,16 +237,20 @@ def scale_case(
 def bench_scale(
     transports: Sequence[str],
     clients: Sequence[int] = CLIENTS,
+    repeat: int = 1,
     **case: Any,
 ) -> list[dict[str, Any]]:
-    """Every transport at every client count, smallest first: the table's rows."""
+    """Every transport at every client count, smallest first, ``repeat`` times with the runs
+    interleaved (every case once, then every case again): a row per case and run (``run``
+    counts from 1)."""
     raise_fd_limit()
     rows = []
     with progress_bar() as bar:
-        task = bar.add_task("bench scale", total=len(transports) * len(clients))
-        for transport in transports:
-            for n in sorted(clients):
-                bar.update(task, description=f"{transport}, {n} clients")
-                rows.append(scale_case(transport, n, **case))
-                bar.advance(task)
+        task = bar.add_task("bench scale", total=repeat * len(transports) * len(clients))
+        for run in range(1, repeat + 1):
+            for transport in transports:
+                for n in sorted(clients):
+                    bar.update(task, description=f"run {run}/{repeat}: {transport}, {n} clients")
+                    rows.append({"run": run} | scale_case(transport, n, **case))
+                    bar.advance(task)
     return rows

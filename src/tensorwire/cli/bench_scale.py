@@ -14,11 +14,13 @@ from tensorwire.cli.options import results_dir, split_list, transport_names
 COLUMNS = [
     "transport",
     "clients",
+    "runs",
     "join_s",
     "join_ms_per_client",
     "broadcast_s",
     "gather_s",
     "per_client_ms",
+    "per_client_ratio",
     "hub_cpu_s",
     "clients_cpu_s",
     "client_procs",
@@ -32,8 +34,10 @@ COLUMNS = [
 ]
 
 LEGEND = (
+    "Each number: the median over the case's finished runs (runs). "
     "join_s, broadcast_s, gather_s: wall time of the whole step for all clients; "
     "join_ms_per_client: join_s / clients; per_client_ms: (broadcast + gather) / clients; "
+    "per_client_ratio: per_client_ms / that of the transport's smallest client count; "
     "hub_cpu_s: the hub process's CPU over the three steps; clients_cpu_s: all client "
     "processes' CPU over broadcast and gather; client_procs: how many held the clients; "
     "rss_kb, threads, fds per client: the hub process's growth with every client joined / "
@@ -63,12 +67,19 @@ def bench_scale_cmd(
     timeout: Annotated[
         float, typer.Option(min=10, help="Seconds one case (a transport at a count) may take.")
     ] = 300.0,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            min=1, max=10, help="Runs of every case, interleaved; the table shows medians."
+        ),
+    ] = 1,
     out: Annotated[Path | None, typer.Option(help="Results directory.")] = None,
 ) -> None:
     """One hub, many clients: join, broadcast and gather time and the hub's memory, threads
     and descriptors per client, for each transport and client count (loopback)."""
     from tensorwire.bench.scale import MAX_CLIENTS, bench_scale
     from tensorwire.bench.scale_figure import scale_figure
+    from tensorwire.bench.scale_summary import median_rows
     from tensorwire.bench.tables import print_table, write_rows
 
     names = split_list(transports)
@@ -92,20 +103,27 @@ def bench_scale_cmd(
             broadcast_bytes=broadcast_kib << 10,
             reply_bytes=reply_kib << 10,
             timeout=timeout,
+            repeat=repeat,
         )
-    good = [r for r in rows if "error" not in r]
-    print_table(good, "One hub, many clients (loopback; one run per case)", COLUMNS, console)
+    medians = median_rows(rows)
+    good = [r for r in medians if "error" not in r]
+    runs = "one run per case" if repeat == 1 else f"medians of {repeat} interleaved runs per case"
+    print_table(good, f"One hub, many clients (loopback; {runs})", COLUMNS, console)
     console.print(f"[dim]{LEGEND}[/]")
     for r in rows:
         if "error" in r:
-            console.print(f"[red]{r['transport']} at {r['clients']} clients:[/] {r['error']}")
+            console.print(
+                f"[red]{r['transport']} at {r['clients']} clients (run {r['run']}):[/] {r['error']}"
+            )
         elif r.get("clients_error"):
             console.print(
-                f"[yellow]{r['transport']} at {r['clients']} clients: {r['clients_failed']} "
+                f"[yellow]{r['transport']} at {r['clients']} clients (run {r['run']}): "
+                f"{r['clients_failed']} "
                 f"failed[/], the first: {r['clients_error']}"
             )
     out_dir = results_dir(out, "bench-scale")
     paths = write_rows(rows, out_dir, "scale")
+    paths += write_rows(medians, out_dir, "scale-medians")
     if good:
         paths += scale_figure(good, out_dir)
     console.print(f"results: {', '.join(str(p) for p in paths)}")
