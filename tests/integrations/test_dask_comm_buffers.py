@@ -6,7 +6,9 @@ its bound."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import mmap
+import os
 import time
 
 import numpy as np
@@ -81,9 +83,11 @@ def test_a_big_message_is_received_into_a_map_grown_in_place() -> None:
     whole = encode_message({"0": body}).to_bytes()
     proto = MessageProtocol(Limits())
     sizes = []
+    kinds = set()
     data = memoryview(whole)
     while data:
         buf = proto.get_buffer(-1)
+        kinds.add(type(proto._buf))
         sizes.append(len(buf) + (len(whole) - len(data)))
         n = min(len(buf), len(data), 1 << 20)  # as a socket gives it: pieces
         buf[:n] = data[:n]
@@ -95,6 +99,8 @@ def test_a_big_message_is_received_into_a_map_grown_in_place() -> None:
     assert isinstance(got, mmap.mmap) and len(got) == len(whole)
     assert bytes(got) == whole
     assert max(sizes) == len(whole) and sorted(set(sizes))[1] <= FIRST_BYTES  # grew by steps
+    # past the prefix, straight into the map: never a numpy array first, copied into it
+    assert kinds == {bytearray, mmap.mmap}
 
 
 def test_a_write_after_the_peer_died_raises_comm_closed_at_once(tw_backend: str) -> None:
@@ -112,3 +118,33 @@ def test_a_write_after_the_peer_died_raises_comm_closed_at_once(tw_backend: str)
         listener.stop()
 
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+@pytest.mark.skipif(
+    not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/proc/self/smaps"),
+    reason="huge page advice is Linux's",
+)
+def test_a_big_message_map_is_advised_to_use_huge_pages() -> None:
+    whole = encode_message({"0": np.ones(2 * FIRST_BYTES, np.uint8)}).to_bytes()
+    proto = MessageProtocol(Limits())
+    data = memoryview(whole)
+    while data:
+        buf = proto.get_buffer(-1)
+        n = min(len(buf), len(data))
+        buf[:n] = data[:n]
+        del buf
+        proto.buffer_updated(n)
+        data = data[n:]
+    got = proto._messages[0]
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(got))
+    flags, inside = None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("VmFlags:"):
+                flags = line.split()[1:]
+                break
+    assert flags is not None and "hg" in flags  # VM_HUGEPAGE: what MADV_HUGEPAGE sets
