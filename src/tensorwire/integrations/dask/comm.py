@@ -69,6 +69,14 @@ def tensors_to_frames(msg: Any) -> list[memoryview]:
     return frames
 
 
+def _encoded(tensors: dict[str, np.ndarray], codecs: Any) -> tuple[int, list[Any]]:
+    """The message's size and its wire buffers, checksums included: ``frames()`` computes
+    the xxh3 digests, so it runs here, in the thread a big message is encoded in, not on the
+    event loop (0.035 s of loop time per GB sent)."""
+    enc = encode_message(tensors, codecs=codecs)
+    return enc.nbytes, list(enc.frames())
+
+
 class TensorwireComm(Comm):
     """An established connection; ``read``/``write`` move one Dask message each."""
 
@@ -148,30 +156,30 @@ class TensorwireComm(Comm):
         tensors = frames_to_tensors(frames)
         raw = sum(t.nbytes for t in tensors.values())
         if raw >= OFFLOAD_BYTES:
-            enc = await asyncio.to_thread(encode_message, tensors, codecs=self.codecs)
+            nbytes, wire = await asyncio.to_thread(_encoded, tensors, self.codecs)
         else:
-            enc = encode_message(tensors, codecs=self.codecs)
+            nbytes, wire = _encoded(tensors, self.codecs)
         outbox = self._protocol.outbox
         if self._writer is None or outbox is None:
             raise CommClosedError(f"{self!r} is closed")
         try:
             # like Dask's tcp comm, queue the bytes and return: a write does not wait for
             # the peer to read (both sides may write a big message before either reads)
-            if enc.nbytes < JOIN_BYTES:  # one send() for a small message
-                outbox.put([b"".join(enc.frames())])
+            if nbytes < JOIN_BYTES:  # one send() for a small message
+                outbox.put([b"".join(wire)])
             else:  # each frame kept as is, never copied whole (outbox.py)
-                outbox.put(list(enc.frames()))
+                outbox.put(wire)
         except (ConnectionError, OSError) as e:
             self.abort()
             raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
         except BaseException:
             self.abort()
             raise
-        if isinstance(self.codecs, AutoCodec) and enc.nbytes >= MEASURE_BYTES:
-            task = asyncio.ensure_future(self._measure(enc.nbytes, time.perf_counter()))
+        if isinstance(self.codecs, AutoCodec) and nbytes >= MEASURE_BYTES:
+            task = asyncio.ensure_future(self._measure(nbytes, time.perf_counter()))
             self._measuring.add(task)
             task.add_done_callback(self._measuring.discard)
-        return enc.nbytes
+        return nbytes
 
     async def _measure(self, nbytes: int, started: float) -> None:
         """Feed the time the kernel took to accept a big message into ``auto``'s bandwidth."""
