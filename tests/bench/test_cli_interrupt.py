@@ -13,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import typer
 
 from ctrl_c import heed_sigint
-from tensorwire.fl.checkpoint import CHECKPOINTS, STATE
+from tensorwire.cli.interrupts import interrupted_run
+from tensorwire.fl.checkpoint import CHECKPOINTS, STATE, Checkpoint, save_checkpoint
 from tensorwire.fl.results import MANIFEST
 
 
@@ -90,6 +93,19 @@ def test_ctrl_c_in_fl_run_says_where_the_results_are_and_resume_finishes_the_run
     assert manifest["resumed"], manifest  # the resumption is noted, the first manifest kept
     states = sorted((out / CHECKPOINTS).glob(f"round-*/{STATE}"))
     assert json.loads(states[-1].read_text())["round"] == rounds
+
+
+def test_ctrl_c_between_a_checkpoint_and_its_callback_still_offers_the_resume(tmp_path, capsys):
+    # the server writes round 1's checkpoint, then calls back; Ctrl-C in between once said
+    # "no round finished" although --resume had a round to go on from (CI, stop 39)
+    save_checkpoint(tmp_path, Checkpoint(round=1, config={}, model={"w": np.zeros(2)}))
+    with pytest.raises(typer.Exit) as stopped, interrupted_run("fl run", tmp_path, [0], 20):
+        raise KeyboardInterrupt
+    said = capsys.readouterr().out
+    assert stopped.value.exit_code == 130
+    assert "after round 1 of 20" in said, said
+    assert "nothing to resume" not in said, said
+    assert f"go on with: tensorwire fl run --resume {tmp_path}" in " ".join(said.split()), said
 
 
 def test_resume_from_a_directory_with_no_checkpoint_is_a_usage_error(tmp_path):

@@ -25,18 +25,34 @@ def interrupted_run(
     command: str, out: Path, done: list[int], rounds: int, again: str = ""
 ) -> Iterator[None]:
     """Turn Ctrl-C into three lines (what happened, where the results are, how to resume)
-    and exit 130. ``done[0]`` is the last round finished, kept up to date by the caller."""
+    and exit 130. ``done[0]`` is the last round finished, kept up to date by the caller; a
+    checkpoint written before Ctrl-C reached the caller's callback counts too (it is what
+    ``--resume`` goes on from)."""
     try:
         yield
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/] after round {done[0]} of {rounds} (Ctrl-C)")
-        if done[0] == 0:
+        last = max(done[0], _checkpointed(out))
+        console.print(f"[yellow]interrupted[/] after round {last} of {rounds} (Ctrl-C)")
+        if last == 0:
             console.print(f"no round finished, so there is nothing to resume; logs: {out}")
         else:
             console.print(f"results so far: {out} (manifest.json says it was interrupted)")
             resume = f"tensorwire {command} --resume {out}"
             console.print(f"go on with: {resume}{' ' + again if again else ''}")
         raise typer.Exit(INTERRUPTED) from None
+
+
+def _checkpointed(out: Path) -> int:
+    """The round of the newest complete checkpoint in ``out`` (0 if none can be read)."""
+    from tensorwire.fl.checkpoint import STATE, latest_checkpoint
+
+    where = latest_checkpoint(out)
+    if where is None:
+        return 0
+    try:
+        return int(json.loads((where / STATE).read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def resumed_run(run_dir: Path) -> tuple[FLConfig, str, Path | None]:
