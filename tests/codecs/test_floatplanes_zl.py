@@ -26,9 +26,17 @@ from tensorwire.codecs.zl_planes import huffman_frame
 RNG = np.random.default_rng(30)
 WEIGHTS = (RNG.standard_normal(300_000) * 0.05).astype(np.float32)  # trained-weight-like
 
-# docs/wire-format.md, 11.2: (1.0, -2.0, 0.5, 3.0, 1.5, 0.25, -1.0, 2.0) x 8, float32.
+# docs/wire-format.md, 11.2: (1.0, -2.0, 0.5, 3.0, 1.5, 0.25, -1.0, 2.0) x 8, float32, as
+# the current encoder writes it (plane 3: its smallest byte subtracted, then Huff0) and as
+# the earlier one did (Huff0 alone); every decoder reads both.
 VECTOR_IN = np.array([1.0, -2.0, 0.5, 3.0, 1.5, 0.25, -1.0, 2.0] * 8, dtype="<f4")
 VECTOR_OUT = bytes.fromhex(
+    "0000010000010000000000000100000071000000041800000005000000170000002c0000800dc1"
+    "01010000008220fc7fba402e72918b5ce42217b9c86563a01000001dc1010d000000c2a04727ba"
+    "9b50d1d1d1d1d1d1d1510ddba5b1d70001410501001bc528010700000100000000100100017dde"
+    "e2dee2dee2dee2dee2dee2dee2dee200"
+)
+VECTOR_OUT_HUFFMAN_ONLY = bytes.fromhex(
     "0000010000010000000000000100000075000000041800000005000000170000003000008"
     "00dc101010000008220fc7fba402e72918b5ce42217b9c86563a01000001dc1010d000000"
     "c2a04727ba9b50d1d1d1d1d1d1d1510ddba5b1d7030141210202001d000000001104dee2de"
@@ -68,13 +76,26 @@ def test_exponent_planes_are_openzl_frames_and_delta_runs_stay_deflate() -> None
     assert bytes(FloatPlanesZl().decode(encoded)) == delta.tobytes()
 
 
-def test_the_documented_vector_decodes_with_either_id() -> None:
+def test_the_documented_vectors_decode_with_either_id() -> None:
     raw = VECTOR_IN.view(np.uint8).tobytes()
-    for codec in (FloatPlanesZl(), FloatPlanes()):
-        assert bytes(codec.decode(VECTOR_OUT)) == raw
-    assert _planes_of(VECTOR_OUT, 4)[3] == ZL_FLAG | 0x30  # plane 3: a 48-byte OpenZL frame
+    for vector in (VECTOR_OUT, VECTOR_OUT_HUFFMAN_ONLY):
+        for codec in (FloatPlanesZl(), FloatPlanes()):
+            assert bytes(codec.decode(vector)) == raw
+    assert _planes_of(VECTOR_OUT, 4)[3] == ZL_FLAG | 0x2C  # plane 3: a 44-byte OpenZL frame
+    assert _planes_of(VECTOR_OUT_HUFFMAN_ONLY, 4)[3] == ZL_FLAG | 0x30  # 48 bytes
     codec = FloatPlanesZl(typesize=4, block_size=1 << 16)
-    assert bytes(codec.decode(codec.encode(VECTOR_IN))) == raw
+    encoded = bytes(codec.encode(VECTOR_IN))
+    assert bytes(codec.decode(encoded)) == raw
+    assert len(encoded) <= len(VECTOR_OUT)
+
+
+def test_a_frame_pays_no_table_for_byte_values_below_the_planes_smallest() -> None:
+    # An exponent plane's bytes lie in about 100..127; Huff0's table has a weight for every
+    # value from 0 up, so coding them as they are would cost some 50 bytes per table (one
+    # table per 32 K bytes of a plane over 100,000 bytes).
+    exponents = np.clip(RNG.normal(118, 3, 1 << 17), 100, 127).astype(np.uint8)
+    shifted = exponents - np.uint8(100)
+    assert len(huffman_frame(exponents)) <= len(huffman_frame(shifted)) + 8
 
 
 def _block(typesize: int, sizes: list[int], payload: bytes) -> bytes:
