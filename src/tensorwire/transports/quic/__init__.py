@@ -11,10 +11,12 @@ its ``hello``, the hub answers ``welcome`` (or ``refuse``) on its first stream, 
 What each end presents and checks (a throwaway certificate without credentials, mutual TLS
 with a CA on the hub) is in ``tls.py``.
 
-All of a hub's connections share one UDP socket and one I/O thread (``engine.py``); a channel
-has its own. That thread runs ``aioquic``'s sans-IO connection: it reads every datagram that
-is waiting, feeds them in, then sends what the connection has to send, and wakes for the
-connection's timers (loss detection, acknowledgements, pacing) with sub-millisecond precision.
+All of a hub's connections share one UDP socket and one I/O thread (``engine.py``); so do
+all of a process's channels to one hub (``endpoint.py``). That thread runs ``aioquic``'s
+sans-IO connection: it reads every datagram that is waiting, feeds them in, then sends what
+the connections have to send (reading again every few datagrams sent), and wakes for the
+connections' timers (loss detection, acknowledgements, pacing) with sub-millisecond
+precision.
 ``connection.py`` keeps one connection's streams in order; ``compat.py`` holds the few
 internals of aioquic 1.7 this package reaches into. ``docs/transports/quic.md`` has the
 options and the numbers.

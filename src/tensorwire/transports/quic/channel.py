@@ -1,11 +1,10 @@
-"""A client's end of ``quic://host:port``: one QUIC connection to the hub, on a UDP socket
-and an I/O thread of its own."""
+"""A client's end of ``quic://host:port``: one QUIC connection to the hub, on the UDP socket
+and I/O thread that this process's channels to that hub share (:mod:`.endpoint`)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
-import time
 from typing import Any
 
 from tensorwire.errors import AuthenticationError, PeerGone, WireError
@@ -19,7 +18,7 @@ from tensorwire.transports.base import (
 )
 from tensorwire.transports.quic.compat import TunedQuicConnection
 from tensorwire.transports.quic.connection import APP_CLOSED, Arrival, Connection
-from tensorwire.transports.quic.engine import Engine
+from tensorwire.transports.quic.endpoint import ClientEndpoint, dial
 from tensorwire.transports.quic.messages import decode_stream
 from tensorwire.transports.quic.settings import HANDSHAKE_TIMEOUT, parse_quic_url
 from tensorwire.transports.quic.tls import channel_configuration
@@ -42,16 +41,13 @@ class QuicChannel(Channel):
         super().__init__(url, options)
         self._settings = parse_quic_url(url)
         self._address = host_port(url)
-        self._engine: Engine | None = None
+        self._endpoint: ClientEndpoint | None = None
         self.reconnect()
 
     def _open(self, deadline: float | None) -> Welcomed:
         """One attempt: a QUIC handshake with the hub, our hello and its welcome."""
         host, port = self._address
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-        sock = socket.socket(info[0], socket.SOCK_DGRAM)
-        sock.connect(info[4])
-        addr = info[4]
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         conn = TunedQuicConnection(
             configuration=channel_configuration(self._settings, self.tls, host)
         )
@@ -60,24 +56,13 @@ class QuicChannel(Channel):
         def deliver(connection: Connection, item: Arrival) -> None:
             inbox.put(item)
 
+        def closed(connection: Connection) -> None:
+            inbox.fail(connection.close_error or PeerGone("the connection is closed"))
+
         connection = Connection(conn, addr, client_side=True, limits=self.limits, deliver=deliver)
         connection.on_acked = self._note_link
-        engine = Engine(sock, f"tensorwire-quic-{self.client_id}")
-
-        def start() -> None:
-            conn.connect(addr, now=time.monotonic())
-            engine.add(connection)
-
-        def tick(now: float) -> None:
-            if engine.refused and not connection.handshake_done.is_set():
-                connection.close(APP_CLOSED, "nobody listens there")
-            if connection.closed.is_set():
-                inbox.fail(connection.close_error or PeerGone("the connection is closed"))
-            elif connection.handshake_done.is_set():
-                connection.ping_if_quiet(now, self._settings.ping_every)
-
-        engine.tick = tick
-        engine.call(start)
+        connection.on_closed = closed
+        endpoint = dial(family, addr, connection, self._settings.ping_every)
         try:
             left = remaining(deadline)
             attempt = HANDSHAKE_TIMEOUT if left is None else min(left, HANDSHAKE_TIMEOUT)
@@ -88,13 +73,13 @@ class QuicChannel(Channel):
                 raise PeerGone(
                     f"no QUIC handshake with {self.url}: {connection.close_reason or 'no answer'}"
                 )
-            self._engine, self._connection, self._inbox = engine, connection, inbox
+            self._endpoint, self._connection, self._inbox = endpoint, connection, inbox
             session = self._client_session(f"the hub at {self.url}")
-            engine.run_send(connection, session.hello(), deadline)
+            endpoint.engine.run_send(connection, session.hello(), deadline)
             welcome = session.receive(self._next_raw(deadline, None))
         except BaseException:
-            self._engine = None
-            engine.close_now(lambda: [connection], APP_CLOSED, "connecting failed", BYE_TIMEOUT)
+            self._endpoint = None
+            endpoint.close(connection, APP_CLOSED, "connecting failed", BYE_TIMEOUT)
             raise
         assert isinstance(welcome, Welcomed)
         self._session: ClientSession = session
@@ -111,9 +96,9 @@ class QuicChannel(Channel):
             return decode_stream(item, self.limits, out)
 
     def _send_encoded(self, enc: EncodedMessage, deadline: float | None) -> None:
-        if self._closed or self._engine is None:
+        if self._closed or self._endpoint is None:
             raise PeerGone("channel is closed; call reconnect()")
-        self._engine.run_send(self._connection, enc, deadline)
+        self._endpoint.engine.run_send(self._connection, enc, deadline)
 
     def _recv_message(self, deadline: float | None, out: Any) -> Message:
         if self._closed:
@@ -140,15 +125,15 @@ class QuicChannel(Channel):
         :data:`FLUSH_TIMEOUT`): closing a QUIC connection discards what is still unacked."""
         with contextlib.suppress(OSError):
             self._send_encoded(bye(), deadline_after(BYE_TIMEOUT))
-        if self._engine is not None:
-            self._engine.flush([self._connection], FLUSH_TIMEOUT)
+        if self._endpoint is not None:
+            self._endpoint.engine.flush([self._connection], FLUSH_TIMEOUT)
 
     def _drop(self) -> None:
         """Close the connection at once; idempotent."""
-        engine = self._engine
-        if engine is None:
+        endpoint = self._endpoint
+        if endpoint is None:
             return
+        self._endpoint = None
         connection = self._connection
         connection.log_stats(f"{self.client_id}: connection closed")
-        engine.close_now(lambda: [connection], APP_CLOSED, "the client is closing", BYE_TIMEOUT)
-        self._engine = None
+        endpoint.close(connection, APP_CLOSED, "the client is closing", BYE_TIMEOUT)

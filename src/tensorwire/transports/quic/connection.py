@@ -83,6 +83,8 @@ class Connection:
         self.on_handshake: Callable[[Connection], None] | None = None
         self.handshake_done = threading.Event()
         self.closed = threading.Event()
+        # told once, when the connection closes, either end's doing (on the I/O thread)
+        self.on_closed: Callable[[Connection], None] | None = None
         self.close_reason = ""
         self.close_error: TransportError | None = None
         self.created = time.monotonic()
@@ -148,8 +150,7 @@ class Connection:
             self.close_error = PeerGone(f"the connection ended: {reason}")
         self.close_reason = reason
         self._fail_jobs(self.close_error)
-        self.closed.set()
-        self.handshake_done.set()
+        self._set_closed()
 
     def _fail_jobs(self, exc: Exception) -> None:
         while self.jobs:
@@ -285,5 +286,11 @@ class Connection:
             self.close_reason = reason
             self.close_error = PeerGone(f"the connection was closed: {reason}")
             self._fail_jobs(self.close_error)
-            self.closed.set()
-            self.handshake_done.set()
+            self._set_closed()
+
+    def _set_closed(self) -> None:
+        first = not self.closed.is_set()
+        self.closed.set()
+        self.handshake_done.set()
+        if first and self.on_closed is not None:
+            self.on_closed(self)
