@@ -28,8 +28,6 @@ OFFLOAD_BYTES = 4 << 20
 """Messages at least this big are encoded / decoded in a worker thread, not the event loop."""
 MEASURE_BYTES = 1 << 20
 """Sends at least this big feed their throughput into an ``auto`` selector's bandwidth."""
-JOIN_BYTES = 1 << 20
-"""Messages under this size are joined into one buffer and written with one send()."""
 CLOSE_FLUSH_S = 30.0
 """Seconds ``close`` waits for what was written to reach the kernel before it aborts."""
 CONFIG = "distributed.comm.tensorwire"
@@ -163,12 +161,9 @@ class TensorwireComm(Comm):
         if self._writer is None or outbox is None:
             raise CommClosedError(f"{self!r} is closed")
         try:
-            # like Dask's tcp comm, queue the bytes and return: a write does not wait for
-            # the peer to read (both sides may write a big message before either reads)
-            if nbytes < JOIN_BYTES:  # one send() for a small message
-                outbox.put([b"".join(wire)])
-            else:  # each frame kept as is, never copied whole (outbox.py)
-                outbox.put(wire)
+            # like Dask's tcp comm, queue the frames as they are and return: a write does not
+            # wait for the peer to read (both sides may write a big message before either reads)
+            outbox.put(wire)
         except (ConnectionError, OSError) as e:
             self.abort()
             raise CommClosedError(f"in {self!r}: {type(e).__name__}: {e}") from e
