@@ -149,3 +149,45 @@ def test_a_big_message_map_is_advised_to_use_huge_pages() -> None:
                 flags = line.split()[1:]
                 break
     assert flags is not None and "hg" in flags  # VM_HUGEPAGE: what MADV_HUGEPAGE sets
+
+
+def test_a_peer_dying_while_the_outbox_waits_to_send_fails_the_reader(tw_backend: str) -> None:
+    from distributed.comm.core import CommClosedError
+
+    async def run() -> None:
+        listener, client, server = await _pair()
+        await client.write({"op": "big", "x": bytes(BIG)})  # more than the socket takes
+        assert not client._protocol.outbox.empty
+        server.abort()  # the peer dies with the rest unsent: the next send fails
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(client.read(), 10)
+        assert client.closed() and client._protocol.outbox.empty
+        listener.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_burst_of_messages_is_read_with_fewer_loop_turns_than_recvs(tw_backend: str) -> None:
+    async def run() -> None:
+        listener, client, server = await _pair()
+        lent = 0
+        protocol = server._protocol
+        get_buffer = protocol.get_buffer
+
+        def counted(sizehint: int) -> memoryview:
+            nonlocal lent
+            lent += 1
+            return get_buffer(sizehint)
+
+        protocol.get_buffer = counted
+        for i in range(50):  # queued before the server reads: one burst on the socket
+            await client.write({"op": "small", "i": i, "pad": b"z" * 100})
+        for i in range(50):
+            assert (await asyncio.wait_for(server.read(), 10))["i"] == i
+        # each message takes 2 recvs (prefix, rest); asyncio asks for a buffer once a turn
+        assert 0 < lent < 50
+        await client.close()
+        await server.close()
+        listener.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
