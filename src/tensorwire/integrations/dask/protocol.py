@@ -8,8 +8,10 @@ goes from its first byte into an anonymous memory map that grows in place (``mre
 copy of what has arrived, pages made only as bytes land in them), advised to use huge pages
 (``MADV_HUGEPAGE``, as numpy does for its big arrays and so Dask's tcp comm for the frames
 it receives): with 4 KiB pages, faulting in each page as ``recv`` writes it cost the event
-loop 3x the CPU per byte. At most ``QUEUED`` whole messages wait to be read; past that the
-socket is not read (backpressure to the sender).
+loop 3x the CPU per byte. Each time the socket is readable, the protocol reads on until it
+is empty (``READS``), on its own duplicate of the socket, which the outbox also sends on. At
+most ``QUEUED`` whole messages wait to be read; past that the socket is not read
+(backpressure to the sender).
 """
 
 from __future__ import annotations
