@@ -298,14 +298,3 @@ class Engine:
 
         self.call(close)
         done.wait(timeout)
-
-    def close_now(
-        self,
-        connections: Callable[[], Iterable[Connection]],
-        code: int,
-        reason: str,
-        timeout: float,
-    ) -> None:
-        """:meth:`close` the ``connections()`` of the moment, then stop the thread."""
-        self.close(connections, code, reason, timeout)
-        self.stop()

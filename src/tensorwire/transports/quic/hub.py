@@ -254,9 +254,10 @@ class QuicHub(Hub):
         for connection in connections:
             self._engine.call(functools.partial(self._send_now, connection, goodbye))
         self._engine.flush(connections, BYE_TIMEOUT)
-        self._engine.close_now(
+        self._engine.close(
             lambda: list(self._sessions), APP_CLOSED, "the hub is closing", BYE_TIMEOUT
         )
+        self._engine.stop()
 
     def quic_stats(self) -> dict[str, dict[str, int]]:
         """Per connected client: packets sent, packets declared lost and probe timeouts
