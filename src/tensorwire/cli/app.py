@@ -20,6 +20,7 @@ from rich.markup import escape
 
 import tensorwire
 from tensorwire._lifeline import watch_parent
+from tensorwire.cli.arrow_pool import prefer_system_pool
 from tensorwire.cli.bench import bench_app
 from tensorwire.cli.console import console, err_console
 from tensorwire.cli.fl import fl_app
@@ -129,6 +130,7 @@ def _one_line(exc: BaseException) -> str:
 def main() -> None:
     """The ``tensorwire`` command: an error is one line (the traceback with --debug)."""
     watch_parent()  # started by a testbed: end with the process that started us
+    prefer_system_pool()  # before pyarrow is imported: half a flight hub's memory per client
     try:
         app()
     except Exception as exc:
