@@ -38,16 +38,21 @@ def _round(hub, channels: dict[str, tensorwire.Channel], payload: np.ndarray) ->
     assert got == sorted(channels)
 
 
+def _connect(stack: contextlib.ExitStack, url: str, n: int) -> dict:
+    """``n`` channels to ``url``, by client id, each closed by ``stack``."""
+    return {
+        f"c{i}": stack.enter_context(
+            tensorwire.connect(url, client_id=f"c{i}", codec=None, timeout=T)
+        )
+        for i in range(n)
+    }
+
+
 def test_channels_of_one_process_share_one_thread_and_each_closes_alone():
     payload = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: many datagrams each way
     assert _client_threads() == []
     with tensorwire.serve(URL, codec=None) as hub, contextlib.ExitStack() as stack:
-        channels = {
-            f"c{i}": stack.enter_context(
-                tensorwire.connect(hub.url, client_id=f"c{i}", codec=None, timeout=T)
-            )
-            for i in range(3)
-        }
+        channels = _connect(stack, hub.url, 3)
         hub.wait_for(3, timeout=T)
         assert len(_client_threads()) == 1  # before: one per channel
         _round(hub, channels, payload)
@@ -80,12 +85,7 @@ def test_an_engine_reading_between_every_send_keeps_its_connections(monkeypatch)
     monkeypatch.setattr(engine, "RECV_EVERY", 1)
     payload = np.arange(1 << 18, dtype=np.float32)
     with tensorwire.serve(URL, codec=None) as hub, contextlib.ExitStack() as stack:
-        channels = {
-            f"c{i}": stack.enter_context(
-                tensorwire.connect(hub.url, client_id=f"c{i}", codec=None, timeout=T)
-            )
-            for i in range(4)
-        }
+        channels = _connect(stack, hub.url, 4)
         hub.wait_for(4, timeout=T)
         for _ in range(3):
             _round(hub, channels, payload)
