@@ -156,7 +156,10 @@ def test_a_peer_dying_while_the_outbox_waits_to_send_fails_the_reader(tw_backend
 
     async def run() -> None:
         listener, client, server = await _pair()
-        await client.write({"op": "big", "x": bytes(BIG)})  # more than the socket takes
+        server._protocol.transport.pause_reading()  # the peer reads none of it
+        # random bytes: zeros shrink under the comm's codec to less than a socket takes
+        payload = np.random.default_rng(4).integers(0, 255, BIG, dtype=np.uint8).tobytes()
+        await client.write({"op": "big", "x": payload})  # more than the sockets take
         assert not client._protocol.outbox.empty
         server.abort()  # the peer dies with the rest unsent: the next send fails
         with pytest.raises(CommClosedError):
