@@ -349,8 +349,8 @@ class AmqpChannel(BrokerChannel):
             self._rehello_at = now + HELLO_RETRY
         joined = self._session.state is State.OPEN or self._afresh
         if joined and self._inbox.failed is None and now >= self._next_hub_check:
+            self._next_hub_check = now + HUB_CHECK  # first: the look opens the admin channel
             self._check_hub(now)
-            self._next_hub_check = now + HUB_CHECK
         due = [HUB_CHECK if self._rehello_at is None else self._rehello_at - now]
         if joined and self._inbox.failed is None:  # not joined yet: no look is due
             due.append(self._next_hub_check - now)
