@@ -29,6 +29,7 @@ from tensorwire.transports.base import (
 from tensorwire.transports.session import State, Welcomed, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
+from tensorwire.transports.zmq.context import channel_context, monitor_address
 from tensorwire.transports.zmq.curve import (
     CURVE_HINT,
     check_curve_available,
@@ -125,8 +126,8 @@ class ZmqChannel(Channel):
     def _start(self, routing_id: bytes) -> None:
         """New sockets, connecting to the hub (in the background: libzmq retries)."""
         with self._owning:
-            self._ctx = zmq.Context()
-            self._dealer = self._ctx.socket(zmq.DEALER)
+            context = channel_context()
+            self._dealer = context.socket(zmq.DEALER)
             configure(self._dealer, self._host)
             self._dealer.routing_id = routing_id
             self._dealer.immediate = 1  # nothing queued for a connection that is not up
@@ -136,7 +137,7 @@ class ZmqChannel(Channel):
                 self._dealer.curve_serverkey = self._hub_key
                 self._dealer.curve_publickey = public
                 self._dealer.curve_secretkey = secret
-            self._monitor = self._dealer.get_monitor_socket(MONITOR_EVENTS)
+            self._monitor = self._dealer.get_monitor_socket(MONITOR_EVENTS, monitor_address())
             self._wake_r, self._wake_w = waker()
             self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
             self._poll_in = poller(self._dealer.fileno(), self._monitor_fd, self._wake_fd)
@@ -338,11 +339,12 @@ class ZmqChannel(Channel):
     # -- closing -----------------------------------------------------------------------
 
     def _teardown(self, linger_s: float) -> None:
+        """Close the sockets; libzmq's I/O thread (shared) still sends what is queued for up to
+        ``linger_s`` seconds."""
         self._closed = True
         self._dealer.disable_monitor()
         self._monitor.close(linger=0)
         self._dealer.close(linger=int(linger_s * 1000))
-        self._ctx.term()  # returns once a goodbye is out, or after the linger
         self._wake_r.close()
         self._wake_w.close()
 
@@ -353,14 +355,19 @@ class ZmqChannel(Channel):
                 self._teardown(0.0)
 
     def _say_goodbye(self) -> None:
-        """Queue the bye and close with a linger: libzmq's I/O thread sends it as the context
-        ends (a bye queued by the default, then dropped at once, would be thrown away)."""
+        """Queue the bye, close with a linger, and wait until libzmq's I/O thread has taken the
+        bye from the queue (written, or dropped at the linger's end): the context is shared and
+        never ends, so nothing else waits for it, and a process that exits at once would lose
+        it."""
         with self._owning:
             if self._closed:
                 return
-            linger = 0.0
+            sent: zmq.MessageTracker | None = None
             if not self._lost:
+                frame = b"".join([START, *bye().frames()])  # one frame, as small sends
                 with contextlib.suppress(zmq.ZMQError):
-                    if queue_piece(self._dealer, next(message_pieces(bye())), []):
-                        linger = BYE_TIMEOUT
-            self._teardown(linger)
+                    sent = self._dealer.send(frame, SEND_LAST, copy=False, track=True)
+            self._teardown(0.0 if sent is None else BYE_TIMEOUT)
+        if sent is not None:
+            with contextlib.suppress(zmq.NotDone):
+                sent.wait(BYE_TIMEOUT)
