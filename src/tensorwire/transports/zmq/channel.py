@@ -41,10 +41,10 @@ from tensorwire.transports.zmq.options import ZmqChannelOptions
 from tensorwire.transports.zmq.pieces import COPY_BYTES, START, message_pieces
 from tensorwire.transports.zmq.reassembler import Reassembler
 from tensorwire.transports.zmq.sockets import (
+    CHANNEL_MONITOR_EVENTS,
     CRYPTOGRAPHIC,
     EVENTS,
     MECHANISM_MISMATCH,
-    MONITOR_EVENTS,
     POLLIN,
     POLLOUT,
     QUEUE_PIECES,
@@ -110,7 +110,12 @@ class ZmqChannel(Channel):
                 try:
                     self._wait_writable(attempt if deadline is None else min(deadline, attempt))
                 except TransportTimeout:
-                    raise TransportTimeout(f"no connection to {self.url} yet") from None
+                    if not self._connected:
+                        raise TransportTimeout(f"no connection to {self.url} yet") from None
+                    # Connected, the handshake under way: a hub busy with many gets to it (a
+                    # new attempt would queue behind it); libzmq ends a stuck one after its
+                    # ZMQ_HANDSHAKE_IVL (30 s), reported as a lost connection.
+                    self._wait_writable(deadline)
             self._send_encoded(session.hello(), deadline)
             welcome = session.receive(self._next_message(deadline, None))
             while not isinstance(welcome, Welcomed):  # a welcome for an earlier session
@@ -137,14 +142,16 @@ class ZmqChannel(Channel):
                 self._dealer.curve_serverkey = self._hub_key
                 self._dealer.curve_publickey = public
                 self._dealer.curve_secretkey = secret
-            self._monitor = self._dealer.get_monitor_socket(MONITOR_EVENTS, monitor_address())
+            self._monitor = self._dealer.get_monitor_socket(
+                CHANNEL_MONITOR_EVENTS, monitor_address()
+            )
             self._wake_r, self._wake_w = waker()
             self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
             self._poll_in = poller(self._dealer.fileno(), self._monitor_fd, self._wake_fd)
             self._poll_out = poller(self._dealer.fileno(), self._monitor_fd)
             self._reader = Reassembler(self.limits)
             self._pending.clear()
-            self._closed = self._lost = self._welcomed = False
+            self._closed = self._lost = self._welcomed = self._connected = False
             self._refusal = None
             # A socket's FD signals only after a read found it empty: arm the monitor's.
             self._read_monitor()
@@ -175,7 +182,9 @@ class ZmqChannel(Channel):
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self._connected = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
             elif self._welcomed and not self._lost:
                 # A CURVE message that does not open (altered on the way): libzmq reports it

@@ -33,6 +33,7 @@ from tensorwire.transports.zmq.peer import Peer, peer_name, stranger_name
 from tensorwire.transports.zmq.pieces import message_pieces
 from tensorwire.transports.zmq.reassembler import Reassembler
 from tensorwire.transports.zmq.sockets import (
+    BACKLOG,
     CRYPTOGRAPHIC,
     EVENTS,
     MECHANISM_MISMATCH,
@@ -83,6 +84,7 @@ class ZmqHub(RouterOutbound, Hub):
         configure(self._router, host)
         self._router.router_mandatory = 1  # a send to a gone client raises, a full queue EAGAIN
         self._router.router_handover = 0  # a routing id in use is never given to another peer
+        self._router.backlog = BACKLOG  # libzmq's 100 dropped SYNs of a crowd joining at once
         if keys is not None:
             # No ZAP handler: any client key completes the handshake; the hello's proof of
             # the device's secret is what admits it.

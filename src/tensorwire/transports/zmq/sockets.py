@@ -13,12 +13,15 @@ MAX_FRAME_BYTES = 2 * PIECE_BYTES  # a peer sending a bigger frame is disconnect
 QUEUE_PIECES = 32  # ZeroMQ messages each socket queues per peer and direction (high-water mark)
 HEARTBEAT_IVL_MS = 5_000  # ZMTP pings find connections whose peer vanished without a FIN
 HEARTBEAT_TIMEOUT_MS = 30_000
+BACKLOG = 4096  # connections the kernel completes before the hub's I/O thread accepts them
 # What a socket monitor reports: a connection closed, or its ZMTP handshake failed.
 MONITOR_EVENTS = (
     zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+# A channel's monitor also says when its TCP connection is up (the ZMTP handshake under way).
+CHANNEL_MONITOR_EVENTS = MONITOR_EVENTS | zmq.EVENT_CONNECTED
 MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)  # CURVE on one side only
 CRYPTOGRAPHIC = int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)  # a box that does not open
 _PROTOCOL_ERRORS = {
