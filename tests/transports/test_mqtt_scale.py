@@ -99,7 +99,7 @@ def test_a_subscriber_that_stalls_loses_none_of_more_messages_than_the_broker_qu
         stalled.wait(T)  # holds paho's network thread: no PUBACK goes out meanwhile
         got.append(payload)
 
-    def connection(topics: list[str], on_message) -> BrokerConnection:
+    def connection(topics: list[str], on_message, private: bool = False) -> BrokerConnection:
         c = BrokerConnection(
             s,
             tls=None,
@@ -108,12 +108,13 @@ def test_a_subscriber_that_stalls_loses_none_of_more_messages_than_the_broker_qu
             on_message=on_message,
             on_lost=lambda _d: None,
             on_back=lambda _d, _k: None,
+            private=private,
         )
         c.connect(time.monotonic() + T, T)
         return c
 
     n = 1500  # past Mosquitto's 20 in flight + 1,000 queued
-    hub = connection([f"{prefix}/up/#"], on_message)
+    hub = connection([f"{prefix}/up/#"], on_message, private=True)  # as a hub's: its own loop
     device = connection([f"{prefix}/down"], lambda *_: None)
     try:
         device.publish_chunks(f"{prefix}/up/d", (b"%d" % i for i in range(n)), time.monotonic() + T)

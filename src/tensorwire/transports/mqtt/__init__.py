@@ -12,8 +12,10 @@ subscriptions and queued messages, unacknowledged publishes go again, and a will
 acknowledged every chunk. With a key, every payload after the welcome is sealed end to end; a
 client's will, and a bye before its welcome, with a key derived from its secret.
 
-Files: ``settings`` (the URL, topics, timing), ``connection`` (paho, publishing), ``will``,
-``hub``, ``channel``; sealing, reassembly, the medium and graces are ``transports.broker``'s.
+Files: ``settings`` (the URL, topics, timing), ``client`` (the paho client), ``connection``
+(a broker connection, publishing), ``loop`` (one I/O thread driving a process's connections),
+``will``, ``hub``, ``channel``; sealing, reassembly, the medium and graces are
+``transports.broker``'s.
 """
 
 from tensorwire.transports.mqtt.channel import MqttChannel, MqttsChannel

@@ -28,11 +28,9 @@ from tensorwire.transports.base import (
     remaining,
 )
 from tensorwire.transports.broker import HUB_SENDER, BrokerChannel, Inflow, one_chunk, unsealed
-from tensorwire.transports.mqtt.connection import (
-    MAX_OUTAGE_S,
-    BrokerConnection,
-    connection_tls,
-)
+from tensorwire.transports.mqtt.client import connection_tls
+from tensorwire.transports.mqtt.connection import MAX_OUTAGE_S, BrokerConnection
+from tensorwire.transports.mqtt.loop import Timer
 from tensorwire.transports.mqtt.settings import (
     BYE_TIMEOUT,
     CONTROL_BYTES,
@@ -63,7 +61,8 @@ class MqttChannel(BrokerChannel):
     options_type: ClassVar[type[ChannelOptions]] = MqttChannelOptions
     options: MqttChannelOptions
     _connection: BrokerConnection | None = None
-    _keeper: threading.Thread | None = None
+    _keep_timer: Timer | None = None  # the keeper's next round
+    _keeper = -1  # the session whose keeper runs (a round of an earlier one does nothing)
 
     def __init__(self, url: str, options: MqttChannelOptions) -> None:
         super().__init__(url, options)
@@ -71,6 +70,8 @@ class MqttChannel(BrokerChannel):
         self.settings = MqttSettings.from_url(url, options.qos, options.chunk_bytes, tls=tls)
         check_client_id(self.client_id)
         self._cond = threading.Condition()
+        self._keep_lock = threading.RLock()  # held by a round of the keeper
+        self._keep_round = itertools.count()  # a session's keeper, told from an earlier one's
         self.reconnect()
 
     def _open(self, deadline: float | None) -> Welcomed:
@@ -105,10 +106,9 @@ class MqttChannel(BrokerChannel):
             on_back=self._medium_back,
         )
         self._connection.connect(deadline, remaining(deadline))
-        self._keeper = threading.Thread(
-            target=self._keep, name=f"tensorwire-mqtt-{cid}", daemon=True
-        )
-        self._keeper.start()
+        self._keeper = next(self._keep_round)
+        self._next_tick = 0.0
+        self._kick()
         with self._cond:
             self._cond.wait_for(
                 lambda: self._welcomed is not None or self._error is not None, remaining(deadline)
@@ -140,6 +140,7 @@ class MqttChannel(BrokerChannel):
             self._gone = exc
             self._inbox.fail(exc)
             self._cond.notify_all()
+            self._kick()
 
     def _will_sealer(self) -> Sealer | None:
         """What seals the will, and a bye before the welcome, with the will key."""
@@ -168,6 +169,7 @@ class MqttChannel(BrokerChannel):
             elif hub_id is not None:
                 self._hub_says(msg, refusal)
             self._cond.notify_all()
+        self._kick()
         if opened:  # the payloads that came before the welcome can be checked now
             for args in self._take_held():
                 self._on_data(*args)
@@ -285,53 +287,65 @@ class MqttChannel(BrokerChannel):
                 self._hello_due = 0.0
                 self._ask_when_open = True
             self._cond.notify_all()
+        self._kick()
 
-    # -- keeper thread ----------------------------------------------------------------
+    # -- the keeper: rounds on the loop's thread -------------------------------------
 
-    def _keep(self) -> None:
-        """Say hello while asking; end the session when the hub does not answer in time;
-        expire partial messages. A grace counts connected time only."""
-        assert self._connection is not None
-        next_tick = 0.0
-        while True:
+    def _kick(self) -> None:
+        """Have the keeper look now (something it acts on changed)."""
+        connection = self._connection
+        if connection is not None and connection.loop is not None:
+            keeper = self._keeper
+            connection.loop.call_soon(lambda: self._keep(keeper))
+
+    def _keep(self, keeper: int) -> None:
+        """A round of the keeper (``keeper``: its session's; an earlier one's does nothing):
+        say hello while asking; end the session when the hub does not answer in time; expire
+        partial messages. A grace counts connected time only. Each round sets the next."""
+        connection = self._connection
+        assert connection is not None and connection.loop is not None
+        with self._keep_lock:
             hello, sealer = False, None
             with self._cond:
-                if self._stopping:
+                if self._stopping or keeper != self._keeper:
                     return
-                if self._gone is not None:
-                    break
                 now = time.monotonic()
-                active = self._asking and self._error is None and self._connection.up
-                if active:
-                    if self._asking_until is not None and now >= self._asking_until:
-                        self._asking = False
-                        if self._session.state is State.OPEN:
-                            self._fail(
-                                PeerGone(
-                                    f"the hub at {self._shown} did not answer for {WILL_GRACE_S} s "
-                                    "after its connection or ours dropped; call reconnect()"
-                                )
+                active = self._asking and self._error is None and connection.up
+                if active and self._asking_until is not None and now >= self._asking_until:
+                    self._asking = active = False
+                    if self._session.state is State.OPEN:
+                        self._fail(
+                            PeerGone(
+                                f"the hub at {self._shown} did not answer for {WILL_GRACE_S} s "
+                                "after its connection or ours dropped; call reconnect()"
                             )
-                            continue
-                    elif now >= self._hello_due:
-                        # once welcomed, sealed: only the session's own client can ask so
-                        hello, sealer = True, self._sealer()
-                        self._hello_due = now + self._hello_wait
-                        self._hello_wait = min(self._hello_wait * 2, HELLO_RETRY_S[1])
-                if not hello:
-                    wake = min(next_tick, self._hello_due) if active else next_tick
-                    self._cond.wait(min(max(wake - now, 0.005), TICK_S))
+                        )
+                elif active and now >= self._hello_due:
+                    # once welcomed, sealed: only the session's own client can ask so
+                    hello, sealer = True, self._sealer()
+                    self._hello_due = now + self._hello_wait
+                    self._hello_wait = min(self._hello_wait * 2, HELLO_RETRY_S[1])
+                gone = self._gone is not None
+                wake = min(self._next_tick, self._hello_due) if active else self._next_tick
+            if gone:
+                connection.close()  # the hub is gone: nobody to say goodbye to
+                return
             if hello:
-                self._connection.publish_nowait(self._up, one_chunk(self._hello, sealer))
+                connection.publish_nowait(self._up, one_chunk(self._hello, sealer))
                 self._unanswered += self._session.state is State.AWAIT_WELCOME
                 if self._unanswered == 2:  # said once per attempt: the hub may start later
                     log.info("mqtt: %r cannot reach the hub at %s yet", self.client_id, self._shown)
-            if time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + TICK_S
+            if now >= self._next_tick:
+                self._next_tick = wake = now + TICK_S
                 for _, exc in self._data.expire():
                     self._dropped(exc)
                 self._control.expire()
-        self._connection.close()  # the hub is gone: nobody to say goodbye to
+                if active:
+                    wake = min(wake, self._hello_due)
+            if self._keep_timer is not None:
+                self._keep_timer.cancel()
+            at = now + min(max(wake - now, 0.005), TICK_S)
+            self._keep_timer = connection.loop.call_at(at, lambda: self._keep(keeper))
 
     # -- caller's thread --------------------------------------------------------------
 
@@ -357,8 +371,9 @@ class MqttChannel(BrokerChannel):
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._keeper is not None:
-            self._keeper.join(timeout=5)
+        with self._keep_lock:  # a round under way has ended; none starts from now on
+            if self._keep_timer is not None:
+                self._keep_timer.cancel()
 
     def _say_goodbye(self) -> None:
         """A bye (before the welcome, the hub may have joined us late: the will key seals it),
@@ -383,7 +398,7 @@ class MqttChannel(BrokerChannel):
             return
         self._stop_keeper()
         self._connection.close(graceful=graceful)
-        self._take_held()  # its network thread has ended
+        self._take_held()  # its loop has let go of it
         self._inbox.fail(PeerGone("channel is closed; call reconnect()"))
 
 

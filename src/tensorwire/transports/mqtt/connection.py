@@ -10,12 +10,11 @@ import socket
 import ssl
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -29,6 +28,9 @@ from tensorwire.errors import (
 )
 from tensorwire.transports.base import dial, remaining
 from tensorwire.transports.broker.payloads import sealed
+from tensorwire.transports.mqtt import loop as loops
+from tensorwire.transports.mqtt.client import paho_client
+from tensorwire.transports.mqtt.loop import run_safely
 from tensorwire.transports.mqtt.settings import MqttSettings
 from tensorwire.transports.security import TLS, Sealer
 from tensorwire.wire import CHUNK_HEADER_SIZE, EncodedMessage, iter_chunks, new_message_id
@@ -48,7 +50,6 @@ WINDOW_BYTES = 8 << 20  # published but unacknowledged, per send
 # its broker connection at 20 % loss ("Keep alive timeout"): TCP backoff stalls a connection
 # for a minute or more. A connection that really closes is noticed at once either way.
 KEEPALIVE_S = 180
-RECONNECT_DELAY_S = (0.1, 2.0)  # first and longest wait between attempts to reach the broker
 # Seconds the broker keeps a disconnected client's session (subscriptions, queued messages).
 # Longer rides out longer outages, but the broker queues a vanished client's messages as long.
 SESSION_EXPIRY_S = 300
@@ -58,53 +59,20 @@ _NO_ENTRY = (134, 135)  # CONNACK reasons "bad user name or password", "not auth
 # one after another, before a device takes it as full: Mosquitto at its max_connections
 # closes each new one at once (paho retries after 0.1, 0.2 and 0.4 s).
 FULL_AFTER = 3
-
-
-class _ServerNamed:
-    """An SSL context that checks the broker's certificate for ``name`` (``TLS.server_name``)
-    rather than for the host paho dials, which paho passes to ``wrap_socket``."""
-
-    def __init__(self, context: ssl.SSLContext, name: str) -> None:
-        self._context = context
-        self._name = name
-
-    @property
-    def check_hostname(self) -> bool:
-        return self._context.check_hostname
-
-    def wrap_socket(self, sock: socket.socket, server_hostname: Any = None, **kw: Any) -> Any:
-        return self._context.wrap_socket(sock, server_hostname=self._name, **kw)
-
-
-def connection_tls(settings: MqttSettings, tls: TLS | None) -> TLS | None:
-    """The TLS a connection runs: the settings given, else the system's CAs for an ``mqtts`` URL."""
-    return tls if tls is not None or not settings.tls else TLS()
-
-
-def _no_delay(_client: Any, _userdata: Any, sock: Any) -> None:
-    # paho leaves Nagle on: a small publish or PUBACK then waits ~40 ms for a delayed ACK.
-    if isinstance(sock, socket.socket):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _run_safely(job: Callable[[], None], where: str) -> None:
-    """Run ``job``; a bug in it is logged and does not end the thread that runs it."""
-    try:
-        job()
-    except Exception:
-        log.exception("mqtt: %s failed", where)
+CLOSE_WAIT_S = 5.0  # how long a close waits for the loop to send the DISCONNECT and let go
 
 
 class BrokerConnection:
-    """One paho client on its own network thread that stays connected for as long as it lives.
+    """One paho client that stays connected for as long as it lives, driven by a network loop:
+    the process's shared one (:func:`loop.shared`), or with ``private`` one of its own.
 
-    It keeps one MQTT session (clean start off, ``SESSION_EXPIRY_S``): after a loss paho
-    reconnects with backoff and sends again what the broker had not acknowledged, and if the
+    It keeps one MQTT session (clean start off, ``SESSION_EXPIRY_S``): after a loss the loop
+    reconnects with backoff, paho sends again what the broker had not acknowledged, and if the
     broker lost the session the connection subscribes again. ``tls`` makes it TLS to the broker.
     ``will()`` gives the topic and payload of the will for each connection.
     ``on_message(topic, payload, dup)`` (``dup``: the broker's redelivery), ``on_lost(detail)``
     and ``on_back(detail, kept)`` (``kept``: the broker still had our session) are called from
-    the network thread and must not wait on it.
+    the loop's thread and must not wait on it, nor on any connection the loop drives.
     """
 
     def __init__(
@@ -117,6 +85,7 @@ class BrokerConnection:
         on_message: Callable[[str, bytes, bool], None],
         on_lost: Callable[[str], None],
         on_back: Callable[[str, bool], None],
+        private: bool = False,
     ) -> None:
         self.settings = settings
         self.address = f"{settings.host}:{settings.port}"
@@ -133,43 +102,44 @@ class BrokerConnection:
         self._unanswered = 0  # connections the broker ended before its first CONNACK
         self._subacks: dict[int, list[Any] | None] = {}  # awaited SUBACKs: None until it came
         self._awaited: dict[int, bool] = {}  # message ids a send waits on: acknowledged yet?
-        self._closing = False
+        self.closing = False
+        self.connects = 0  # CONNACKs that let us in: the loop's redial backoff starts again
+        self.loop: loops.NetworkLoop | None = None  # the loop driving it, once connected
+        self._private = private
         self._down_since: float | None = None  # monotonic, while the connection is lost
         self._generation = 0  # connections made: a QoS 0 publish is lost with its connection
         self.sessions_lost = 0  # reconnects that found our session gone, and what it held
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"tw-{uuid.uuid4().hex[:20]}",
-            protocol=MQTTProtocolVersion.MQTTv5,
-        )
-        client.suppress_exceptions = True  # a callback's bug is logged, never ends the thread
-        # paho's hints say int seconds; its backoff works in float seconds
-        client.reconnect_delay_set(*RECONNECT_DELAY_S)  # type: ignore[arg-type]
-        if settings.username is not None:
-            client.username_pw_set(settings.username, settings.password)
-        if tls is not None:
-            context = tls.client_context()
-            named = context if tls.server_name is None else _ServerNamed(context, tls.server_name)
-            # _ServerNamed has what paho uses of a context: check_hostname and wrap_socket
-            client.tls_set_context(named)  # type: ignore[arg-type]
-        client.on_socket_open = _no_delay
+        client = paho_client(settings, tls)
+        # set before the first connect: else paho writes from the caller's thread
+        client.on_socket_register_write = lambda _c, _u, _s: self._poke()
+        client.on_socket_close = lambda _c, _u, sock: self._socket_closing(sock)
         client.on_connect = self._connected
         client.on_disconnect = self._disconnected
         client.on_subscribe = self._subscribed
         client.on_publish = self._acknowledged
         client.on_message = self._received
-        self._client = client
+        self.client = client
         self._arm_will()
 
     def _arm_will(self) -> None:
         """Set the will for the next connection (a fresh payload each time)."""
         topic, payload = self._will()
-        self._client.will_set(topic, payload, qos=self.settings.qos)
+        self.client.will_set(topic, payload, qos=self.settings.qos)
 
-    # -- network thread ---------------------------------------------------------------
+    # -- the loop's thread ------------------------------------------------------------
+
+    def _poke(self) -> None:
+        loop = self.loop
+        if loop is not None:  # before the loop takes it, adding it looks at what is queued
+            loop.poke(self)
+
+    def _socket_closing(self, sock: Any) -> None:
+        loop = self.loop
+        if loop is not None:
+            loop.socket_closing(self, sock)
 
     def _received(self, _c: Any, _u: Any, msg: paho.MQTTMessage) -> None:
-        _run_safely(
+        run_safely(
             # a received PUBLISH's payload is bytes (paho unpacks it with struct)
             lambda: self._on_message(msg.topic, cast(bytes, msg.payload), bool(msg.dup)),
             "handling a message",
@@ -197,6 +167,7 @@ class BrokerConnection:
                 self.max_packet = min(int(size), MQTT_MAX_PACKET)
             self.up = True
             self._down_since = None
+            self.connects += 1
             self._generation += 1
             self.sessions_lost += not kept
             self._cond.notify_all()
@@ -214,7 +185,7 @@ class BrokerConnection:
 
     def _disconnected(self, _c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
         with self._cond:
-            if self._closing:
+            if self.closing:
                 return
             was_up, self.up = self.up, False
             self._unanswered += self._connack is None
@@ -256,7 +227,7 @@ class BrokerConnection:
             try:
                 # clean_start=False from the first connect: Mosquitto saves no session that
                 # began clean; the client id is fresh, so there is nothing stale to resume.
-                return self._client.connect(
+                return self.client.connect(
                     s.host, s.port, KEEPALIVE_S, clean_start=False, properties=props
                 )
             except ssl.SSLCertVerificationError as exc:  # final: retrying will not change it
@@ -272,7 +243,7 @@ class BrokerConnection:
             "apt-get install mosquitto, or use tensorwire.transports.brokers.ensure_mosquitto)",
             timeout=remaining(deadline),
         )
-        self._client.loop_start()
+        self._attach()
         limit = s.connection_max
         try:
             with self._cond:
@@ -315,6 +286,17 @@ class BrokerConnection:
             self.close()
             raise
 
+    def _attach(self) -> None:
+        """Have a loop drive the client from now on (its CONNECT is queued)."""
+        for _ in range(3):  # a loop refuses only while it ends, and the next one is new
+            loop = (
+                loops.NetworkLoop("tensorwire-mqtt-own-loop") if self._private else loops.shared()
+            )
+            self.loop = loop
+            if loop.add(self):
+                return
+        raise TransportError("no network loop took the connection")  # pragma: no cover
+
     def _wrong_port(self) -> str:
         """The other cause of connections ended unanswered."""
         other = "MQTT in clear" if self.tls else "TLS: use mqtts:// or tls="
@@ -324,7 +306,7 @@ class BrokerConnection:
         """Subscribe to the connection's topics at its QoS and wait until the broker confirms."""
         topics = self._subscriptions
         with self._cond:  # registered before the SUBACK can come
-            rc, mid = self._client.subscribe([(t, self.settings.qos) for t in topics])
+            rc, mid = self.client.subscribe([(t, self.settings.qos) for t in topics])
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 raise PeerGone(f"could not subscribe to {topics}: {paho.error_string(rc)}")
             assert mid is not None  # paho gives a message id with MQTT_ERR_SUCCESS
@@ -408,7 +390,7 @@ class BrokerConnection:
     def publish_nowait(self, topic: str, payload: bytes) -> None:
         """Queue a small payload without waiting, from any thread: it goes now or, at QoS 1/2,
         when the connection is back (at QoS 0 it is dropped while down, and logged)."""
-        info = self._client.publish(topic, payload, qos=self.settings.qos)
+        info = self.client.publish(topic, payload, qos=self.settings.qos)
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS and (
             info.rc != MQTTErrorCode.MQTT_ERR_NO_CONN or not self.settings.qos
         ):
@@ -417,7 +399,7 @@ class BrokerConnection:
     def _check_usable(self) -> None:
         """Raise :class:`PeerGone` if the connection is closed or the broker gone too long (under
         ``_cond``)."""
-        if self._closing:
+        if self.closing:
             raise PeerGone("the connection to the broker is closed")
         if self._down_since is not None and time.monotonic() - self._down_since > MAX_OUTAGE_S:
             raise PeerGone(
@@ -443,7 +425,7 @@ class BrokerConnection:
                     )
                 self._cond.wait(1.0 if left is None else min(left, 1.0))  # 1 s: outage limit
             generation = self._generation
-        info = self._client.publish(topic, payload, qos=self.settings.qos)
+        info = self.client.publish(topic, payload, qos=self.settings.qos)
         if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and self.settings.qos:
             # lost just now: paho keeps it and sends it once reconnected; the rc would make
             # is_published() raise although the PUBACK will mark it published
@@ -479,22 +461,28 @@ class BrokerConnection:
                 self._awaited.pop(mid, None)
 
     def close(self, graceful: bool = True) -> None:
-        """Disconnect and stop the network thread. ``graceful``: the broker ends our session
-        and discards the will; otherwise the connection just dies (as when the process is
-        killed) and the will goes out."""
+        """Disconnect and let the loop go of it. ``graceful``: the broker ends our session and
+        discards the will; otherwise the connection just dies (as when the process is killed)
+        and the will goes out. Waits up to ``CLOSE_WAIT_S`` (not on the loop's own thread)."""
         with self._cond:
-            if self._closing:
+            if self.closing:
                 return
-            self._closing = True
+            self.closing = True
             self.up = False
             self._cond.notify_all()
-        if graceful:
-            props = Properties(PacketTypes.DISCONNECT)
-            props.SessionExpiryInterval = 0
-            self._client.disconnect(properties=props)
-        else:
-            sock = self._client.socket()
-            if isinstance(sock, socket.socket):  # a plain or TLS socket: paho's TCP transport
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-        self._client.loop_stop()  # the network thread closes the socket as it ends
+        loop = self.loop
+        if loop is None:  # never connected: there is nothing to end
+            return
+
+        def finish(client: Any) -> None:
+            if graceful:
+                props = Properties(PacketTypes.DISCONNECT)
+                props.SessionExpiryInterval = 0
+                client.disconnect(properties=props)
+            else:
+                sock = client.socket()
+                if isinstance(sock, socket.socket):  # a plain or TLS socket: paho's TCP transport
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+
+        loop.remove(self, finish, None if loop.on_thread() else CLOSE_WAIT_S)

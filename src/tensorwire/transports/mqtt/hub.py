@@ -31,12 +31,9 @@ from tensorwire.transports.broker import (
     one_chunk,
     unsealed,
 )
-from tensorwire.transports.mqtt.connection import (
-    MAX_OUTAGE_S,
-    BrokerConnection,
-    _run_safely,
-    connection_tls,
-)
+from tensorwire.transports.mqtt.client import connection_tls
+from tensorwire.transports.mqtt.connection import MAX_OUTAGE_S, BrokerConnection
+from tensorwire.transports.mqtt.loop import run_safely
 from tensorwire.transports.mqtt.settings import (
     BYE_TIMEOUT,
     CONTROL_BYTES,
@@ -113,6 +110,7 @@ class MqttHub(BrokerHub[_Peer]):
             on_back=lambda detail, kept: self._work.put(
                 functools.partial(self._medium_back_as, detail, kept)
             ),
+            private=True,  # no client in this process can hold up the hub's network thread
         )
         timeout = options.timeouts.connect
         try:
@@ -224,14 +222,14 @@ class MqttHub(BrokerHub[_Peer]):
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + TICK_S
-                _run_safely(self._tick, "the hub's tick")
+                run_safely(self._tick, "the hub's tick")
             try:
                 job = self._work.get(timeout=max(next_tick - time.monotonic(), 0.001))
             except queue.Empty:
                 continue
             if job is None:
                 return
-            _run_safely(job, "the hub's worker")
+            run_safely(job, "the hub's worker")
 
     def _admit(self, cid: str, peer: _Peer) -> None:
         hello = peer.session.hello
