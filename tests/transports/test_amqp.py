@@ -101,8 +101,8 @@ def test_lossy_link_timeouts_are_the_defaults_and_the_url_overrides_them(broker)
         assert "heartbeat=7" in hub.url  # clients get the hub's settings too
         with tensorwire.connect(hub.url, client_id="hb") as ch:
             hub.wait_for(1, timeout=T)
-            for conn in (hub._consumer.conn, ch._consumer.conn):
-                assert conn._impl.params.heartbeat == 7  # what was negotiated with the broker
+            for params in (hub._consumer.conn._impl.params, ch._link.conn.params):
+                assert params.heartbeat == 7  # what was negotiated with the broker
 
 
 def test_a_handshake_timeout_is_retried_within_the_deadline(broker, monkeypatch):

@@ -16,11 +16,13 @@ for :data:`LEAVE_GRACE` seconds of connected time, the hub once the uplink had n
 ``stack_timeout`` ..., with defaults sized for lossy links); an unknown one raises.
 
 Each endpoint holds one broker connection (a device costs the broker one), owned by one thread
-since pika's are not thread-safe. Files: ``settings`` (URL, options, timing), ``connection``
-(reaching RabbitMQ; ``BrokerFull`` at its connection limit), ``control`` (session messages),
-``consumer`` (the connection and its thread, which runs the others' publishes too),
-``publisher`` (confirmed chunks, from any thread), ``hub``, ``channel``; sealing, reassembly,
-the medium and graces are ``transports.broker``'s.
+since pika's are not thread-safe: the hub's has a thread of its own, the devices of a process
+share one I/O thread. Files: ``settings`` (URL, options, timing), ``connection`` (reaching
+RabbitMQ; ``BrokerFull`` at its connection limit), ``control`` (session messages), ``consumer``
+(the hub's connection and its thread, which runs the others' publishes too), ``ioloop`` (the
+devices' one I/O thread), ``link`` (a device's connection on it), ``publisher`` (confirmed
+chunks, from any thread), ``hub``, ``channel``; sealing, reassembly, the medium and graces are
+``transports.broker``'s.
 """
 
 from tensorwire.transports.amqp.channel import AmqpChannel, AmqpsChannel

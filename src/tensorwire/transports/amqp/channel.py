@@ -12,7 +12,6 @@ import time
 import uuid
 from typing import Any, ClassVar
 
-import pika
 import pika.exceptions as px
 
 from tensorwire.errors import (
@@ -23,10 +22,10 @@ from tensorwire.errors import (
     TruncatedMessage,
     WireError,
 )
-from tensorwire.transports.amqp.connection import CLIENT_HEADER, Admin, declare_queue, sender_of
-from tensorwire.transports.amqp.consumer import Consumer
-from tensorwire.transports.amqp.control import say, session_message
-from tensorwire.transports.amqp.publisher import Publisher
+from tensorwire.transports.amqp.connection import CLIENT_HEADER, props, sender_of
+from tensorwire.transports.amqp.control import session_message
+from tensorwire.transports.amqp.link import Link
+from tensorwire.transports.amqp.publisher import LinkPublisher
 from tensorwire.transports.amqp.settings import (
     BYE_TIMEOUT,
     CONTROL_CHUNK,
@@ -38,7 +37,6 @@ from tensorwire.transports.amqp.settings import (
     HUB_GRACE,
     MAX_NAME,
     OUTAGE_LIMIT,
-    PREFETCH,
     REASSEMBLY_TIMEOUT,
     RECONNECT_TIMEOUT,
     AmqpAddress,
@@ -52,6 +50,7 @@ from tensorwire.transports.broker import (
     Graces,
     Inflow,
     lone_chunk,
+    one_chunk,
     unsealed,
 )
 from tensorwire.transports.security import Sealer
@@ -74,8 +73,8 @@ class AmqpChannel(BrokerChannel):
     protocol = "amqp"
     options_type: ClassVar[type[ChannelOptions]] = AmqpChannelOptions
     options: AmqpChannelOptions
-    _consumer: Consumer | None = None
-    _pub: Publisher | None = None
+    _link: Link | None = None  # the connection, on the process's I/O thread
+    _pub: LinkPublisher | None = None
     _begun = False  # this connection's queue, session and publisher are made
 
     def __init__(self, url: str, options: AmqpChannelOptions) -> None:
@@ -120,19 +119,20 @@ class AmqpChannel(BrokerChannel):
         """Consume our queue (once), say hello, and wait a while for the answer."""
         if not self._begun:
             self._begin()
-        if self._consumer is None:
-            self._consumer = Consumer(
+        if self._link is None:
+            self._link = Link(
                 self._address,
                 self.client_id,
                 deadline,
-                setup=self._setup,
+                queue=self._queue,
+                on_message=self._on_delivery,
                 tick=self._tick,
                 on_lost=self._medium_lost,
                 on_back=self._medium_back,
                 on_gone=self._medium_gone,
             )
-            self._pub = Publisher(self._consumer, self.client_id)  # on the same connection
-            self._consumer.start()
+            self._pub = LinkPublisher(self._link, self.client_id)  # on the same connection
+            self._link.start()
         assert self._pub is not None
         self._pub.publish("", self._uplink, self._hello, CONTROL_CHUNK, deadline)
         wait_until = min(time.monotonic() + self._hello_wait, deadline or float("inf"))
@@ -155,26 +155,7 @@ class AmqpChannel(BrokerChannel):
             self._stale = None
         return answer
 
-    # -- consumer thread --------------------------------------------------------------------
-
-    def _setup(self, conn: pika.BlockingConnection) -> None:
-        """Declare our queue and consume it (exclusively: a stale connection cannot take
-        its messages). The other channels open when first used: a join is round trips to a
-        broker that thousands of devices may be joining at once."""
-        ch = conn.channel()
-        declare_queue(ch, self._queue)
-        ch.basic_qos(prefetch_count=PREFETCH)
-        ch.basic_consume(self._queue, self._on_delivery, exclusive=True)
-        self._conn = conn
-        self._admin = Admin(conn)  # looks at the uplink
-        self._control: Any = None  # hellos said again, confirmed
-
-    def _control_channel(self) -> Any:
-        """The confirming channel for hellos said again (consumer thread)."""
-        if self._control is None or not self._control.is_open:
-            self._control = self._conn.channel()
-            self._control.confirm_delivery()
-        return self._control
+    # -- the I/O thread (the link's callbacks) -----------------------------------------------
 
     def _on_delivery(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         try:
@@ -289,6 +270,8 @@ class AmqpChannel(BrokerChannel):
             # in a few seconds) do not look together ever after
             self._next_hub_check = time.monotonic() + random.uniform(0.0, HUB_CHECK)
             self._check_early()
+            if self._link is not None:
+                self._link.poke()  # the tick's next look is due then
 
     def _answered(self, answer: Welcomed | Exception) -> None:
         with self._cond:
@@ -332,6 +315,8 @@ class AmqpChannel(BrokerChannel):
             self._begin_session(queue=self._queue)
             self._afresh = True
         self._rehello_at = self._asking_since = time.monotonic()
+        if self._link is not None:
+            self._link.poke()
 
     def _tick(self) -> float:
         """Bookkeeping on the consumer thread; the seconds until it is due again."""
@@ -345,22 +330,30 @@ class AmqpChannel(BrokerChannel):
                 # key (a hub of its own started on the prefix took the first hello again)
                 self._ask_afresh(f"it did not answer our sealed hello for {HUB_GRACE:g} s")
                 sealer = None
-            say(self._control_channel(), self._uplink, self._hello, self.client_id, sealer)
+            if self._link is not None:  # confirmed, but nobody waits: unanswered, it goes again
+                body = one_chunk(self._hello, sealer)
+                self._link.say("", self._uplink, body, props(self.client_id))
             self._rehello_at = now + HELLO_RETRY
         joined = self._session.state is State.OPEN or self._afresh
         if joined and self._inbox.failed is None and now >= self._next_hub_check:
-            self._next_hub_check = now + HUB_CHECK  # first: the look opens the admin channel
-            self._check_hub(now)
+            self._next_hub_check = now + HUB_CHECK
+            self._check_hub()
         due = [HUB_CHECK if self._rehello_at is None else self._rehello_at - now]
         if joined and self._inbox.failed is None:  # not joined yet: no look is due
             due.append(self._next_hub_check - now)
         return min(due)
 
-    def _check_hub(self, now: float) -> None:
-        """The hub is gone once nobody has consumed the uplink for HUB_GRACE seconds."""
-        if self._admin.consumers(self._uplink):
+    def _check_hub(self) -> None:
+        """Look at the uplink: the hub is gone once nobody has consumed it for HUB_GRACE
+        seconds (:meth:`_counted`)."""
+        if self._link is not None:
+            self._link.consumers(self._uplink, self._counted)
+
+    def _counted(self, consumers: int) -> None:
+        if consumers:
             self._hub_grace.clear("hub")
             return
+        now = time.monotonic()
         why = f"the hub at {self._shown} is gone: nobody consumed its queue for {HUB_GRACE:g} s"
         self._hub_grace.suspect("hub", why, now, again=False)
         for _, why in self._hub_grace.due(now):
@@ -412,9 +405,9 @@ class AmqpChannel(BrokerChannel):
 
     def _delete_queue(self, queue: str) -> None:
         """Delete one of our queues, if the broker answers within BYE_TIMEOUT."""
-        if self._pub is not None:
+        if self._link is not None:
             with contextlib.suppress(TransportError, px.AMQPError):
-                self._pub.run(lambda ch: ch.queue_delete(queue), deadline_after(BYE_TIMEOUT))
+                self._link.delete(queue, deadline_after(BYE_TIMEOUT))
 
     def _drop(self) -> None:
         """Close the connection without a goodbye (the hub notices our queue goes unread)."""
@@ -423,13 +416,13 @@ class AmqpChannel(BrokerChannel):
         if self._pub is not None:
             self._pub.close()
             self._pub = None
-        if self._consumer is not None:
-            self._consumer.stop()
-            self._consumer = None
+        if self._link is not None:
+            self._link.stop(BYE_TIMEOUT)
+            self._link = None
 
     def _release_queue(self) -> None:
         """Delete our queue (which ends consuming it); the connection is closed by _drop."""
-        if self._consumer is not None:
+        if self._link is not None:
             self._delete_queue(self._queue)
 
     def _abandon(self) -> None:

@@ -14,7 +14,12 @@ from typing import Any
 
 import pika
 import pika.exceptions as px
-from pika.adapters.utils.connection_workflow import AMQPConnectorException
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectionWorkflowFailed,
+    AMQPConnectorException,
+    AMQPConnectorPhaseErrorBase,
+    AMQPConnectorSocketConnectError,
+)
 
 from tensorwire.errors import AuthenticationError, BrokerFull, SessionRefused, TransportError
 from tensorwire.transports.amqp.settings import QUEUE_EXPIRES_MS, AmqpAddress
@@ -42,16 +47,31 @@ for _name in (
     logging.getLogger(_name).setLevel(logging.CRITICAL)
 
 
-def _widen_reads(conn: pika.BlockingConnection) -> None:
+def _widen_reads(conn: Any) -> None:
     """Read the socket 64 KiB at a time instead of pika's 4 KiB.
 
     pika appends every read to its frame buffer and re-slices it per frame: with 4 KiB reads a
     72 MB message takes ~310 ms to arrive on loopback, with 64 KiB ~120 ms (larger reads make
     the re-slicing cost more again). The attribute is private to pika: left alone if absent.
     """
-    transport = getattr(getattr(conn, "_impl", None), "_transport", None)
+    transport = getattr(getattr(conn, "_impl", conn), "_transport", None)
     if transport is not None and hasattr(transport, "_MAX_RECV_BYTES"):
         transport._MAX_RECV_BYTES = _READ_BYTES
+
+
+def params_for(
+    address: AmqpAddress, deadline: float | None, name: str
+) -> pika.ConnectionParameters:
+    """``address``'s parameters for one attempt named ``name``, whose socket and handshake
+    timeouts end by ``deadline`` (but 1 s at least)."""
+    params = copy.copy(address.params)
+    params.client_properties = {"connection_name": name, "product": "tensorwire"}
+    left = remaining(deadline)
+    if left is not None:
+        left = max(left, 1.0)
+        params.socket_timeout = min(address.params.socket_timeout or left, left)
+        params.stack_timeout = min(address.params.stack_timeout or left, left)
+    return params
 
 
 def connect_once(
@@ -62,42 +82,48 @@ def connect_once(
     A refused credential or vhost is final (``SessionRefused``); anything else that keeps the
     broker from answering is a ``TransportError``, for :func:`dial` to retry.
     """
-    params = copy.copy(address.params)
-    params.client_properties = {"connection_name": name, "product": "tensorwire"}
-    left = remaining(deadline)
-    if left is not None:
-        left = max(left, 1.0)
-        params.socket_timeout = min(address.params.socket_timeout or left, left)
-        params.stack_timeout = min(address.params.stack_timeout or left, left)
     try:
-        conn = pika.BlockingConnection(params)
-    except ssl.SSLCertVerificationError as exc:  # final: retrying will not change it
-        raise AuthenticationError(
+        conn = pika.BlockingConnection(params_for(address, deadline, name))
+    except Exception as exc:
+        raise failure(address, exc) from None
+    _widen_reads(conn)
+    return conn
+
+
+def failure(address: AmqpAddress, exc: BaseException) -> BaseException:
+    """What a failed connection attempt raises: a refusal is final (``SessionRefused``:
+    credentials, vhost, the broker's connection limit, an untrusted certificate), anything
+    else that kept the broker from answering a ``TransportError`` (retried); others as is."""
+    if isinstance(exc, AMQPConnectionWorkflowFailed):  # an attempt of the async workflow
+        exc = exc.exceptions[-1] if exc.exceptions else exc
+        if isinstance(exc, AMQPConnectorSocketConnectError):
+            exc = exc.exception or exc
+        elif isinstance(exc, AMQPConnectorPhaseErrorBase) and exc.exception is not None:
+            exc = exc.exception
+    if isinstance(exc, ssl.SSLCertVerificationError):  # final: retrying will not change it
+        return AuthenticationError(
             f"RabbitMQ at {address.where} has a certificate this side does not trust "
             f"({exc.verify_message}): give tls=TLS(ca=...) the CA that signed it, and "
             "servername= the name it carries if that is not the URL's host"
-        ) from None
-    except (px.ProbableAuthenticationError, px.AuthenticationError) as exc:
-        raise AuthenticationError(
+        )
+    if isinstance(exc, (px.ProbableAuthenticationError, px.AuthenticationError)):
+        return AuthenticationError(
             f"RabbitMQ at {address.where} refused the credentials in the URL: {exc!r}"
-        ) from None
-    except px.ProbableAccessDeniedError as exc:
+        )
+    if isinstance(exc, px.ProbableAccessDeniedError):
         full = _FULL.search(str(exc))
         if full:
-            raise BrokerFull(
+            return BrokerFull(
                 f"RabbitMQ at {address.where} refused the connection: it holds its "
                 f"connection limit ({full[1]} connections); this device does not fit until "
                 "another leaves: give the broker room for more devices "
                 "(RabbitMQBroker(devices=N), or its vhost's max-connections)"
-            ) from None
-        raise SessionRefused(
-            f"RabbitMQ at {address.where}: no access to the vhost: {exc!r}"
-        ) from None
+            )
+        return SessionRefused(f"RabbitMQ at {address.where}: no access to the vhost: {exc!r}")
     # AMQPConnectorException: pika's stack_timeout during the handshake, not an AMQPError.
-    except (px.AMQPError, AMQPConnectorException, OSError) as exc:
-        raise TransportError(f"{exc!r}{_port_hint(address, exc)}") from None
-    _widen_reads(conn)
-    return conn
+    if isinstance(exc, (px.AMQPError, AMQPConnectorException, OSError)):
+        return TransportError(f"{exc!r}{_port_hint(address, exc)}")
+    return exc
 
 
 def _port_hint(address: AmqpAddress, exc: BaseException) -> str:

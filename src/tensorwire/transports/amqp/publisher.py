@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
@@ -15,6 +15,7 @@ import pika.exceptions as px
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout
 from tensorwire.transports.amqp.connection import props
 from tensorwire.transports.amqp.consumer import Consumer
+from tensorwire.transports.amqp.link import Link
 from tensorwire.transports.amqp.settings import RECONNECT_TIMEOUT
 from tensorwire.transports.base import deadline_after, remaining
 from tensorwire.transports.broker import sealed
@@ -32,7 +33,7 @@ class Publisher:
     connection's go one after another (:attr:`lock`); the connection's own thread (a callback)
     publishes at once, between their chunks."""
 
-    def __init__(self, consumer: Consumer, sender: str) -> None:
+    def __init__(self, consumer: Consumer | None, sender: str) -> None:
         self._consumer = consumer
         self._props = props(sender)
         self.lock = threading.Lock()
@@ -51,6 +52,7 @@ class Publisher:
 
     def run(self, op: Any, deadline: float | None) -> Any:
         """``op(channel)`` on the confirming channel, on the connection's thread."""
+        assert self._consumer is not None
         return self._consumer.call(lambda conn: op(self.channel(conn)), deadline)
 
     def publish(
@@ -92,14 +94,14 @@ class Publisher:
         delay = 0.05
         while True:
 
-            def publish(ch: Any) -> None:
+            def made() -> bytes:
                 nonlocal body
                 if body is None:
                     body = sealed(parts, sealer)
-                ch.basic_publish(exchange, routing_key, body, self._props, mandatory=True)
+                return body
 
             try:
-                self.run(publish, limit or deadline_after(RECONNECT_TIMEOUT))
+                self._send(exchange, routing_key, made, limit or deadline_after(RECONNECT_TIMEOUT))
                 return
             except px.UnroutableError:
                 raise PeerGone(f"no queue takes messages for {target!r}: its owner left") from None
@@ -126,6 +128,33 @@ class Publisher:
             time.sleep(min(delay, left or 0.0))
             delay = min(delay * 2, 1.0)
 
+    def _send(
+        self, exchange: str, routing_key: str, body: Callable[[], bytes], deadline: float | None
+    ) -> None:
+        """Publish ``body()`` (made on the connection's thread) and wait for its confirm."""
+        self.run(
+            lambda ch: ch.basic_publish(exchange, routing_key, body(), self._props, mandatory=True),
+            deadline,
+        )
+
     def close(self) -> None:
         """No more publishes (the connection is the consumer's to close)."""
         self._closed = True
+
+
+class LinkPublisher(Publisher):
+    """:class:`Publisher` of a device's :class:`~.link.Link`, on the process's I/O thread."""
+
+    def __init__(self, link: Link, sender: str) -> None:
+        super().__init__(None, sender)
+        self._link = link
+
+    def run(self, op: Any, deadline: float | None) -> Any:
+        raise NotImplementedError("a device publishes with publish()")
+
+    def _send(
+        self, exchange: str, routing_key: str, body: Callable[[], bytes], deadline: float | None
+    ) -> None:
+        if self._closed:
+            raise PeerGone("this endpoint is closed")
+        self._link.publish(exchange, routing_key, body, self._props, deadline)
