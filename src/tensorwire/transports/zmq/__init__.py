@@ -50,10 +50,11 @@ connection closed, so a client leaves only once a read that began after its ``DI
 found the ROUTER empty: what it sent just before closing is delivered first. A channel's
 DEALER is used by whichever thread calls ``send``/``recv``, one at a time: a thread that needs
 it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a socketpair, so a channel
-used from one thread pays no hand-off either. A process's channels share one ZeroMQ context,
-so one libzmq I/O thread (a forked child makes its own), and pyzmq's zero-copy collector is
-started once, under a lock, before any send: started lazily by many threads' first sends at
-once, it can hang every tracked send of the process (``context.py``).
+used from one thread pays no hand-off either. Each connection has its own ZeroMQ context (a
+libzmq I/O thread and a reaper): one shared by a process's channels was measured slower
+(``docs/transports/zmq.md`` section 12). pyzmq's zero-copy collector is started once per
+process, under a lock, before any send: started lazily by many threads' first sends at once,
+it can hang every tracked send of the process (``collector.py``).
 
 Small messages. A message under pyzmq's copy threshold (64 KiB) is one frame, joined once and
 copied into libzmq's message: a zero-copy frame would cost a tracker and a trip through

@@ -29,7 +29,7 @@ from tensorwire.transports.base import (
 from tensorwire.transports.session import State, Welcomed, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
-from tensorwire.transports.zmq.context import channel_context, monitor_address
+from tensorwire.transports.zmq.collector import start_zero_copy_collector
 from tensorwire.transports.zmq.curve import (
     CURVE_HINT,
     check_curve_available,
@@ -131,8 +131,11 @@ class ZmqChannel(Channel):
     def _start(self, routing_id: bytes) -> None:
         """New sockets, connecting to the hub (in the background: libzmq retries)."""
         with self._owning:
-            context = channel_context()
-            self._dealer = context.socket(zmq.DEALER)
+            start_zero_copy_collector()
+            # A context (a libzmq I/O thread) per connection: one shared by a process's
+            # channels was measured slower at 100 channels per process (docs, section 12).
+            self._ctx = zmq.Context()
+            self._dealer = self._ctx.socket(zmq.DEALER)
             configure(self._dealer, self._host)
             self._dealer.routing_id = routing_id
             self._dealer.immediate = 1  # nothing queued for a connection that is not up
@@ -142,9 +145,7 @@ class ZmqChannel(Channel):
                 self._dealer.curve_serverkey = self._hub_key
                 self._dealer.curve_publickey = public
                 self._dealer.curve_secretkey = secret
-            self._monitor = self._dealer.get_monitor_socket(
-                CHANNEL_MONITOR_EVENTS, monitor_address()
-            )
+            self._monitor = self._dealer.get_monitor_socket(CHANNEL_MONITOR_EVENTS)
             self._wake_r, self._wake_w = waker()
             self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
             self._poll_in = poller(self._dealer.fileno(), self._monitor_fd, self._wake_fd)
@@ -348,12 +349,11 @@ class ZmqChannel(Channel):
     # -- closing -----------------------------------------------------------------------
 
     def _teardown(self, linger_s: float) -> None:
-        """Close the sockets; libzmq's I/O thread (shared) still sends what is queued for up to
-        ``linger_s`` seconds."""
         self._closed = True
         self._dealer.disable_monitor()
         self._monitor.close(linger=0)
         self._dealer.close(linger=int(linger_s * 1000))
+        self._ctx.term()  # returns once a goodbye is out, or after the linger
         self._wake_r.close()
         self._wake_w.close()
 
@@ -364,19 +364,14 @@ class ZmqChannel(Channel):
                 self._teardown(0.0)
 
     def _say_goodbye(self) -> None:
-        """Queue the bye, close with a linger, and wait until libzmq's I/O thread has taken the
-        bye from the queue (written, or dropped at the linger's end): the context is shared and
-        never ends, so nothing else waits for it, and a process that exits at once would lose
-        it."""
+        """Queue the bye and close with a linger: libzmq's I/O thread sends it as the context
+        ends (a bye queued by the default, then dropped at once, would be thrown away)."""
         with self._owning:
             if self._closed:
                 return
-            sent: zmq.MessageTracker | None = None
+            linger = 0.0
             if not self._lost:
-                frame = b"".join([START, *bye().frames()])  # one frame, as small sends
                 with contextlib.suppress(zmq.ZMQError):
-                    sent = self._dealer.send(frame, SEND_LAST, copy=False, track=True)
-            self._teardown(0.0 if sent is None else BYE_TIMEOUT)
-        if sent is not None:
-            with contextlib.suppress(zmq.NotDone):
-                sent.wait(BYE_TIMEOUT)
+                    if queue_piece(self._dealer, next(message_pieces(bye())), []):
+                        linger = BYE_TIMEOUT
+            self._teardown(linger)

@@ -25,7 +25,7 @@ from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, remaining
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, Hello, HubSession, State, bye
 from tensorwire.transports.sockets import cannot_serve, drain, poller, wake, waker
 from tensorwire.transports.url import host_port
-from tensorwire.transports.zmq.context import start_zero_copy_collector
+from tensorwire.transports.zmq.collector import start_zero_copy_collector
 from tensorwire.transports.zmq.curve import hub_keys, one_curve_option
 from tensorwire.transports.zmq.options import ZmqHubOptions
 from tensorwire.transports.zmq.outbound import RouterOutbound
