@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("distributed", reason="the dask extra (distributed) is not installed")
 
+from dask_pair import ADDR, one_message
 from distributed.comm import CommClosedError, connect, listen
 
 from tensorwire.integrations.dask.comm import comm_checksum
 from tensorwire.wire import decode_message, encode_message
 
-ADDR = "tensorwire+tcp://127.0.0.1"
 KEY = "distributed.comm.tensorwire.checksum"
 
 
@@ -55,21 +55,9 @@ def test_a_loopback_comm_reads_back_what_it_wrote(tw_backend: str, setting) -> N
     payload = np.random.default_rng(5).integers(0, 255, 6 << 20, dtype=np.uint8).tobytes()
 
     async def run() -> bool:
-        got: asyncio.Queue[object] = asyncio.Queue()
-
-        async def handle(comm) -> None:  # type: ignore[no-untyped-def]
-            await got.put(await comm.read())
-            await comm.close()
-
-        listener = await listen(ADDR, handle)
-        comm = await connect(listener.contact_address, timeout=10)
-        await comm.write({"op": "data", "x": payload})
-        msg = await asyncio.wait_for(got.get(), 30)
-        assert bytes(msg["x"]) == payload  # type: ignore[index]
-        checked = comm.checksum
-        await comm.close()
-        listener.stop()
-        return checked
+        msg, _, comm = await one_message({"op": "data", "x": payload})
+        assert bytes(msg["x"]) == payload
+        return bool(comm.checksum)
 
     with dask.config.set({KEY: setting}):
         assert asyncio.run(asyncio.wait_for(run(), 60)) is (setting is True)

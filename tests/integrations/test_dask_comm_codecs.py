@@ -11,9 +11,7 @@ import pytest
 
 pytest.importorskip("distributed", reason="the dask extra (distributed) is not installed")
 
-from distributed.comm import connect, listen
-
-ADDR = "tensorwire+tcp://127.0.0.1"
+from dask_pair import one_message
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4", "floatplanes"])
@@ -22,20 +20,9 @@ def test_a_compressed_message_is_read_back_whole(tw_backend: str, codec: str) ->
     payload = values.tobytes()
 
     async def run() -> None:
-        got: asyncio.Queue[object] = asyncio.Queue()
-
-        async def handle(comm) -> None:  # type: ignore[no-untyped-def]
-            await got.put(await comm.read())
-            await comm.close()
-
-        listener = await listen(ADDR, handle)
-        comm = await connect(listener.contact_address, timeout=10)
-        sent = await comm.write({"op": "data", "x": payload})
+        msg, sent, _ = await one_message({"op": "data", "x": payload})
         assert sent < 0.9 * len(payload)  # compressed on the wire
-        msg = await asyncio.wait_for(got.get(), 30)
-        assert bytes(msg["x"]) == payload  # type: ignore[index]
-        await comm.close()
-        listener.stop()
+        assert bytes(msg["x"]) == payload
 
     with dask.config.set({"distributed.comm.tensorwire.codec": codec}):
         asyncio.run(asyncio.wait_for(run(), 60))
