@@ -104,16 +104,12 @@ class FlightHub(Hub):
         return 2 * len(self._peers) + 2 * MAX_HANDSHAKES + LOOSE_CALLS
 
     def _hold(self, client_id: str, who: str) -> None:
-        """Count one more live call of ``client_id``'s sessions. Once half the hub's call
-        limit is live, a hello for an id whose calls are at CALLS_PER_CLIENT already is refused
-        as busy (its earlier sessions' calls hang on a client that does not end them: the hub
-        cannot, so it takes no more of them). Below that, such a device is let in: its old
-        calls may hang on a connection that died silently (a device on a poor network), which
-        only TCP's keepalive ends, hours later; refusing it would keep it out that long."""
-        crowded = self._calls.live >= self._call_limit() // 2
+        """Count one more live call of ``client_id``'s sessions; a hello for an id whose calls
+        are at CALLS_PER_CLIENT already is refused as busy (its earlier sessions' calls hang on
+        a client that does not end them: the hub cannot, so it takes no more of them)."""
         with self._sessions:
             held = self._id_calls.get(client_id, 0)
-            if held < CALLS_PER_CLIENT or not crowded:
+            if held < CALLS_PER_CLIENT:
                 self._id_calls[client_id] = held + 1
                 return
         exc = busy(
