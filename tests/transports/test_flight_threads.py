@@ -22,7 +22,7 @@ flight = pytest.importorskip(
 )
 
 import tensorwire  # noqa: E402
-from tensorwire.errors import TransportError, TransportTimeout  # noqa: E402
+from tensorwire.errors import TransportTimeout  # noqa: E402
 from tensorwire.transports.flight.options import SCHEMA, UP  # noqa: E402
 from tensorwire.transports.session import ClientSession  # noqa: E402
 from tensorwire.transports.url import host_port  # noqa: E402
@@ -196,16 +196,3 @@ def test_a_client_that_stops_reading_is_dropped_at_the_deadline_and_its_redials_
         name = f"d{uuid.uuid4().hex[:6]}"
         with tensorwire.connect(hub.url, client_id=name, timeout=T):
             assert hub.wait_for(1, timeout=T) == [name]
-
-
-@pytest.mark.parametrize(
-    ("url", "kwargs", "error"),
-    [
-        ("flight://127.0.0.1:0?max_calls=abc", {}, "positive integer"),
-        ("flight://127.0.0.1:0?max_calls=0", {}, "positive integer"),
-        ("flight://127.0.0.1:0?max_calls=5", {"max_calls": 5}, "give it once"),
-    ],
-)
-def test_max_calls_is_a_positive_integer_given_once(url, kwargs, error):
-    with pytest.raises(TransportError, match=error):
-        tensorwire.serve(url, **kwargs)

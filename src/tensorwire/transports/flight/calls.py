@@ -62,23 +62,6 @@ class CallGauge:
         )
         raise busy(text)
 
-    def room_for_session(self, owed: int) -> None:
-        """Check, for a session's first call (counted already), that its second fits with
-        the ``owed`` calls others' first calls wait for; else raise :func:`busy` (logged).
-        Without it a crowd of first calls fills the limit and refuses their own second ones."""
-        limit = self._limit()
-        with self._lock:
-            live = self.live
-            if live + owed + 1 <= limit:
-                return
-            self.refused += 1
-        text = f"{live} calls live and {owed} owed to waiting sessions, limit {limit}"
-        _log_limited(
-            f"flight busy session {self.where}",
-            f"flight: the hub at {self.where} refused a session: {text}; it retries with backoff",
-        )
-        raise busy(text)
-
     def leave(self) -> None:
         with self._lock:
             self.live -= 1

@@ -166,9 +166,8 @@ class FlightHub(Hub):
             session.receive(msg)
             hello = session.hello
             assert hello is not None
-            try:  # or refused as busy: gRPC's UNAVAILABLE
-                self._calls.room_for_session(self._pairing.downlinks())
-                self._hold(hello.client_id, who)
+            try:
+                self._hold(hello.client_id, who)  # or refused as busy: gRPC's UNAVAILABLE
             except flight.FlightUnavailableError:
                 self._refuse_uplink(hello.session)
                 raise

@@ -60,11 +60,6 @@ class Pairing:
         with self._lock:
             return len(self._waiters)
 
-    def downlinks(self) -> int:
-        """Downlinks waiting now, each for an uplink still to come."""
-        with self._lock:
-            return len(self._downlinks)
-
     def downlink(self, peer: Peer, source: str, now: float) -> Waiter | None:
         """A downlink with ``peer``'s hello: paired at once with an uplink that came first
         (``peer.attached``), else waiting; None once the hub is closing. Raises
