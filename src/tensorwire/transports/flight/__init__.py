@@ -38,11 +38,10 @@ against the hello's client id. ``key=`` / ``auth=`` add the session's secret pro
 The pieces: ``options.py`` (constants, where a hub listens), ``batches.py`` (messages as record
 batches and back), ``tls.py`` (gRPC's TLS), ``server.py`` (the Flight server, routing calls to
 the hub), ``peer.py`` (a hub's state per session), ``pairing.py`` (a session's two calls
-meeting, bounded), ``calls.py`` (the hub's calls, and so its threads, bounded), ``hub.py``,
-``watchdog.py`` (a send's deadline) and ``channel.py``.
+meeting, bounded), ``hub.py``, ``watchdog.py`` (a send's
+deadline) and ``channel.py``.
 """
 
-from tensorwire.transports.flight.calls import HubBusy
 from tensorwire.transports.flight.channel import FlightChannel
 from tensorwire.transports.flight.hub import FlightHub
 from tensorwire.transports.flight.options import (
@@ -61,5 +60,4 @@ __all__ = [
     "FlightChannelOptions",
     "FlightHub",
     "FlightHubOptions",
-    "HubBusy",
 ]

@@ -25,12 +25,9 @@ from tensorwire.errors import (
 )
 from tensorwire.transports.base import Hub, HubOptions, deadline_after, remaining
 from tensorwire.transports.flight.batches import batch_of, control_message, feed, pieces
-from tensorwire.transports.flight.calls import CallCounter, CallGauge, busy
 from tensorwire.transports.flight.options import (
-    CALLS_PER_CLIENT,
     FLIGHT_ERRORS,
     HANDSHAKE_TIMEOUT,
-    LOOSE_CALLS,
     MAX_HANDSHAKES,
     MAX_HANDSHAKES_PER_SOURCE,
     POLL_S,
@@ -38,7 +35,6 @@ from tensorwire.transports.flight.options import (
     SHUTDOWN_TIMEOUT,
     FlightHubOptions,
     location,
-    max_calls,
 )
 from tensorwire.transports.flight.pairing import Pairing, Waiter
 from tensorwire.transports.flight.peer import Job, Peer
@@ -64,7 +60,7 @@ class FlightHub(Hub):
 
     def __init__(self, url: str, options: FlightHubOptions) -> None:
         super().__init__(url, options)
-        self._max_calls = max_calls(query_options(url, ("max_calls",)), options.max_calls)
+        query_options(url, ())
         host, port = host_port(url, default_port=0)
         tls = {} if self.tls is None else server_tls(self.tls)
         self._batch_bytes = options.batch_bytes
@@ -72,17 +68,13 @@ class FlightHub(Hub):
         self._pairing = Pairing(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE)
         # ids of the latest refused hellos: their uplinks, ending, are the same refusal
         self._refused_ids: collections.deque[str] = collections.deque(maxlen=MAX_HANDSHAKES)
-        self._id_calls: dict[str, int] = {}  # live calls of each client id's sessions
         self._sessions = threading.Lock()  # guards the above and _closing
         self._closing = False
-        self._calls = CallGauge(self._call_limit, url)
         try:
-            self._server = FlightServer(
-                self, location(host, port, self.tls), CallCounter(self._calls), **tls
-            )
+            self._server = FlightServer(self, location(host, port, self.tls), **tls)
         except (OSError, pa.ArrowException) as exc:  # gRPC's says only "did not start"
             raise cannot_serve(url, tcp_bind_problem(host, port) or exc) from None
-        self.url = self._calls.where = f"flight://{host}:{self._server.port}"
+        self.url = f"flight://{host}:{self._server.port}"
 
     # -- a session's two calls, each in a Flight server thread -----------------------------
 
@@ -90,40 +82,6 @@ class FlightHub(Hub):
     def _handshakes(self) -> int:
         """Calls waiting for their session's other call now."""
         return len(self._pairing)
-
-    @property
-    def live_calls(self) -> int:
-        """Calls on the hub's server now (each holds one of its threads)."""
-        return self._calls.live
-
-    def _call_limit(self) -> int:
-        """Calls past which a new one is refused as busy: ``max_calls`` if given, else two per
-        member, the handshake room of both kinds and LOOSE_CALLS (calls starting or ending)."""
-        if self._max_calls is not None:
-            return self._max_calls
-        return 2 * len(self._peers) + 2 * MAX_HANDSHAKES + LOOSE_CALLS
-
-    def _hold(self, client_id: str, who: str) -> None:
-        """Count one more live call of ``client_id``'s sessions; a hello for an id whose calls
-        are at CALLS_PER_CLIENT already is refused as busy (its earlier sessions' calls hang on
-        a client that does not end them: the hub cannot, so it takes no more of them)."""
-        with self._sessions:
-            held = self._id_calls.get(client_id, 0)
-            if held < CALLS_PER_CLIENT:
-                self._id_calls[client_id] = held + 1
-                return
-        exc = busy(
-            f"client {client_id!r} has {held} calls live, at most {CALLS_PER_CLIENT}: its "
-            "earlier sessions' calls did not end"
-        )
-        self._refused(who, TransportError(str(exc)))
-        raise exc
-
-    def _release(self, client_id: str) -> None:
-        with self._sessions:
-            held = self._id_calls.pop(client_id) - 1
-            if held:
-                self._id_calls[client_id] = held
 
     def _serve_downlink(
         self,
@@ -138,13 +96,11 @@ class FlightHub(Hub):
             return
         peer = waiter.peer
         assert peer is not None
-        try:
-            with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
-                writer.begin(SCHEMA)
-            if self._paired(who, context, False, peer.hello.session, waiter):
-                self._write_loop(peer, writer)
-        finally:
-            self._release(peer.client_id)
+        with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
+            writer.begin(SCHEMA)
+        if not self._paired(who, context, False, peer.hello.session, waiter):
+            return
+        self._write_loop(peer, writer)
 
     def _open_session(
         self,
@@ -166,24 +122,12 @@ class FlightHub(Hub):
             session.receive(msg)
             hello = session.hello
             assert hello is not None
-            try:
-                self._hold(hello.client_id, who)  # or refused as busy: gRPC's UNAVAILABLE
-            except flight.FlightUnavailableError:
-                self._refuse_uplink(hello.session)
-                raise
-            waiter = None
-            try:
-                waiter = self._pairing.downlink(
-                    Peer(hello, session, tls_name), who, time.monotonic()
-                )
-            finally:
-                if waiter is None:  # refused, or the hub is closing: its call ends here
-                    self._release(hello.client_id)
-            return waiter
+            return self._pairing.downlink(Peer(hello, session, tls_name), who, time.monotonic())
         except SessionRefused as exc:
             sid = None if msg is None else msg.meta.get("session")
             if isinstance(sid, str):  # before the answer: the client hangs up its uplink after
-                self._refuse_uplink(sid)
+                with self._sessions:
+                    self._refused_ids.append(sid)
             with contextlib.suppress(*FLIGHT_ERRORS):  # it hung up already
                 writer.begin(SCHEMA)
                 writer.write_metadata(session.refusal(exc).to_bytes())
@@ -191,13 +135,6 @@ class FlightHub(Hub):
         except WireError as exc:
             self._refused(who, exc)
         return None
-
-    def _refuse_uplink(self, sid: str) -> None:
-        """Session ``sid``'s downlink was refused (and reported): its uplink ends at once,
-        quietly, whether it waits already or comes later."""
-        with self._sessions:
-            self._refused_ids.append(sid)
-        self._pairing.refused(sid, "its downlink was refused")
 
     def _paired(
         self,
@@ -242,9 +179,6 @@ class FlightHub(Hub):
     ) -> None:
         """Attach to the session's downlink, join its client, then deliver its messages."""
         who = caller(context)
-        with self._sessions:
-            if session in self._refused_ids:  # its downlink's refusal was reported
-                return
         try:
             waiter = self._pairing.uplink(session, who, certificate_name(context), time.monotonic())
         except SessionRefused as exc:
@@ -258,13 +192,8 @@ class FlightHub(Hub):
             return
         peer = waiter.peer
         assert peer is not None
-        with self._sessions:  # not refused: its downlink was let in, and it ends a handshake
-            self._id_calls[peer.client_id] = self._id_calls.get(peer.client_id, 0) + 1
-        try:
-            if self._admit(peer):
-                self._end(peer, self._read_loop(peer, context, reader))
-        finally:
-            self._release(peer.client_id)
+        if self._admit(peer):
+            self._end(peer, self._read_loop(peer, context, reader))
 
     def _admit(self, peer: Peer) -> bool:
         """Make ``peer`` the member for its client id (ending an older session), with its

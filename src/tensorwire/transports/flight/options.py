@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from tensorwire.errors import TransportError
 from tensorwire.transports.base import ChannelOptions, HubOptions
 from tensorwire.transports.security import TLS
 
@@ -26,8 +25,6 @@ FEED_BYTES = 256 << 10  # bytes fed to the decoder at a time: it hashes them whi
 HANDSHAKE_TIMEOUT = 10.0  # seconds a session's second call has to arrive after its first
 MAX_HANDSHAKES = 1024  # downlinks (and, apart, uplinks) waiting for their other call at once
 MAX_HANDSHAKES_PER_SOURCE = 512  # ... from one host; past either, the oldest is ended
-LOOSE_CALLS = 256  # calls beyond members' and waiting ones (starting, ending) a hub takes
-CALLS_PER_CLIENT = 6  # live calls of one client id's sessions: its own two, and earlier ones'
 POLL_S = 0.25  # seconds between checks that a waiting call was not cancelled
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 SHUTDOWN_TIMEOUT = 5.0  # seconds the hub waits for its server to stop before leaving it be
@@ -39,9 +36,6 @@ class FlightHubOptions(HubOptions):
 
     batch_bytes: int = BATCH_BYTES
     """Most message bytes per record batch (gRPC message) the hub sends."""
-    max_calls: int | None = None
-    """Calls (each a thread of gRPC's server) past which a new one is refused as busy; None:
-    two per member, plus ``2 * MAX_HANDSHAKES + LOOSE_CALLS``. The URL option ``?max_calls=``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,18 +44,6 @@ class FlightChannelOptions(ChannelOptions):
 
     batch_bytes: int = BATCH_BYTES
     """Most message bytes per record batch (gRPC message) the channel sends."""
-
-
-def max_calls(query: dict[str, str], given: int | None) -> int | None:
-    """The hub's ``max_calls``: the URL's ``?max_calls=`` (a positive integer) or ``given``."""
-    text = query.get("max_calls")
-    if text is None:
-        return given
-    if given is not None:
-        raise TransportError("max_calls is given both in the URL and as a keyword: give it once")
-    if not text.isdigit() or int(text) < 1:
-        raise TransportError(f"max_calls must be a positive integer, got {text!r}")
-    return int(text)
 
 
 def location(host: str, port: int, tls: TLS | None) -> flight.Location:

@@ -119,16 +119,6 @@ class Pairing:
                 self._take(uplink, sid)
             return True
 
-    def refused(self, sid: str, why: str) -> None:
-        """Session ``sid``'s downlink was refused: end its uplink if it came first and waits."""
-        with self._lock:
-            up = self._waiters.get((True, sid))
-            if up is None:
-                return
-            self._take(True, sid)
-        up.dropped = why
-        up.ready.set()
-
     def close(self) -> None:
         """Wake every waiting call, unpaired: the hub is closing."""
         with self._lock:

@@ -1,6 +1,5 @@
 """The Flight server a :class:`~tensorwire.transports.flight.FlightHub` runs: it hands each
-``DoExchange`` call to the hub as a session's downlink or uplink, and refuses any other; its
-middleware counts the calls, refusing them past the hub's limit."""
+``DoExchange`` call to the hub as a session's downlink or uplink, and refuses any other."""
 
 from __future__ import annotations
 
@@ -22,16 +21,8 @@ def caller(context: flight.ServerCallContext) -> str:
 
 
 class FlightServer(flight.FlightServerBase):
-    def __init__(
-        self,
-        hub: FlightHub,
-        location: flight.Location,
-        calls: flight.ServerMiddlewareFactory,
-        **tls: Any,
-    ) -> None:
-        """``calls`` counts every call, and refuses one past the hub's limit before gRPC
-        reads its first message (:class:`~tensorwire.transports.flight.calls.CallCounter`)."""
-        super().__init__(location, middleware={"calls": calls}, **tls)
+    def __init__(self, hub: FlightHub, location: flight.Location, **tls: Any) -> None:
+        super().__init__(location, **tls)
         self._hub = hub
 
     def do_exchange(self, context, descriptor, reader, writer) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 import pyarrow.flight as flight
 
 from tensorwire.errors import AuthenticationError, TransportError
-from tensorwire.transports.flight.calls import BUSY, HubBusy
 from tensorwire.transports.security import TLS
 
 
@@ -58,12 +57,8 @@ def client_tls(tls: TLS) -> dict[str, Any]:
 def unreachable(url: str, exc: Exception) -> TransportError:
     """What a channel raises when gRPC found no hub at ``url``: :class:`AuthenticationError`
     (final) when TLS failed on a certificate (the hub's does not verify, or it refused ours),
-    :class:`HubBusy` when the hub refused the call for want of room, else a
-    ``TransportError``; both worth retrying."""
+    else a ``TransportError`` worth retrying."""
     text = str(exc)
-    if BUSY in text:  # the hub refused the call for want of room: retried, with backoff
-        why = text.partition(BUSY + ": ")[2].partition(". Detail:")[0] or text
-        return HubBusy(f"the hub at {url} is busy: {why}")
     # gRPC reports TLS failures only as text: "Ssl handshake failed ...: certificate verify
     # failed" (or "... signature failure", "... bad certificate"), "Peer name X is not in
     # peer certificate"
