@@ -29,7 +29,6 @@ from tensorwire.transports.base import (
 from tensorwire.transports.session import State, Welcomed, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
-from tensorwire.transports.zmq.collector import start_zero_copy_collector
 from tensorwire.transports.zmq.curve import (
     CURVE_HINT,
     check_curve_available,
@@ -131,7 +130,6 @@ class ZmqChannel(Channel):
     def _start(self, routing_id: bytes) -> None:
         """New sockets, connecting to the hub (in the background: libzmq retries)."""
         with self._owning:
-            start_zero_copy_collector()
             # A context (a libzmq I/O thread) per connection: one shared by a process's
             # channels was measured slower at 100 channels per process (docs, section 12).
             self._ctx = zmq.Context()

@@ -25,7 +25,6 @@ from tensorwire.transports.base import BYE_TIMEOUT, Hub, HubOptions, remaining
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, Hello, HubSession, State, bye
 from tensorwire.transports.sockets import cannot_serve, drain, poller, wake, waker
 from tensorwire.transports.url import host_port
-from tensorwire.transports.zmq.collector import start_zero_copy_collector
 from tensorwire.transports.zmq.curve import hub_keys, one_curve_option
 from tensorwire.transports.zmq.options import ZmqHubOptions
 from tensorwire.transports.zmq.outbound import RouterOutbound
@@ -78,7 +77,6 @@ class ZmqHub(RouterOutbound, Hub):
         host, port = host_port(url, default_port=0)
         self._curve = self.tls is not None or curve is not None
         keys = hub_keys(curve, self.tls, self.authenticate) if self._curve else None
-        start_zero_copy_collector()  # broadcasts of several codec groups send from threads
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         configure(self._router, host)

@@ -7,6 +7,7 @@ import zmq
 
 from tensorwire.errors import TransportTimeout
 from tensorwire.transports.base import remaining
+from tensorwire.transports.zmq.collector import start_zero_copy_collector
 from tensorwire.transports.zmq.pieces import COPY_BYTES, PIECE_BYTES
 
 MAX_FRAME_BYTES = 2 * PIECE_BYTES  # a peer sending a bigger frame is disconnected by libzmq
@@ -83,6 +84,7 @@ def queue_piece(
             if len(part) < COPY_BYTES:
                 sock.send(part, flags)
                 continue
+            start_zero_copy_collector()  # at the process's first zero-copy send, locked
             mine = isinstance(part, bytes)  # immutable: nobody can change it while queued
             tracker = sock.send(part, flags, copy=False, track=not mine)
         except zmq.Again:
