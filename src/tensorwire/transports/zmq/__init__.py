@@ -51,10 +51,11 @@ found the ROUTER empty: what it sent just before closing is delivered first. A c
 DEALER is used by whichever thread calls ``send``/``recv``, one at a time: a thread that needs
 it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a socketpair, so a channel
 used from one thread pays no hand-off either. Each connection has its own ZeroMQ context (a
-libzmq I/O thread and a reaper): one shared by a process's channels was measured slower
-(``docs/transports/zmq.md`` section 12). pyzmq's zero-copy collector is started once per
-process, under a lock, before any send: started lazily by many threads' first sends at once,
-it can hang every tracked send of the process (``collector.py``).
+libzmq I/O thread and a reaper): one shared by a process's channels was measured slower,
+together with another change (``docs/transports/zmq.md`` section 12). pyzmq's zero-copy
+collector is started once per process, under a lock, before its first zero-copy send:
+started by pyzmq in many threads' first sends at once, it can hang every tracked send of
+the process (``collector.py``).
 
 Small messages. A message under pyzmq's copy threshold (64 KiB) is one frame, joined once and
 copied into libzmq's message: a zero-copy frame would cost a tracker and a trip through

@@ -131,7 +131,8 @@ class ZmqChannel(Channel):
         """New sockets, connecting to the hub (in the background: libzmq retries)."""
         with self._owning:
             # A context (a libzmq I/O thread) per connection: one shared by a process's
-            # channels was measured slower at 100 channels per process (docs, section 12).
+            # channels measured slower at 100 channels per process, with another change
+            # (docs, section 12).
             self._ctx = zmq.Context()
             self._dealer = self._ctx.socket(zmq.DEALER)
             configure(self._dealer, self._host)
