@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import heapq
-import itertools
 import logging
 import os
 import selectors
@@ -29,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from tensorwire.transports.timer_heap import TimerHeap
 
 log = logging.getLogger("tensorwire.transports.mqtt")
 
@@ -55,12 +55,12 @@ class Driven(Protocol):
 
 
 class Timer:
-    """A call the loop makes at ``when`` (monotonic seconds) unless cancelled first."""
+    """A call the loop makes at its time unless cancelled first."""
 
-    __slots__ = ("cancelled", "fn", "when")
+    __slots__ = ("cancelled", "fn")
 
-    def __init__(self, when: float, fn: Callable[[], None]) -> None:
-        self.when, self.fn, self.cancelled = when, fn, False
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn, self.cancelled = fn, False
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -103,8 +103,7 @@ class NetworkLoop:
         self._entries: dict[Driven, _Entry] = {}  # under _lock: what it drives or will
         self._pending: set[Driven] = set()  # under _lock: look at these (something to send)
         self._jobs: collections.deque[Callable[[], None]] = collections.deque()
-        self._timers: list[tuple[float, int, Timer]] = []  # under _lock: a heap
-        self._order = itertools.count()
+        self._timers: TimerHeap[Timer] = TimerHeap()  # under _lock
         self._woken = False  # under _lock: a wake-up byte is on its way
         self._thread: threading.Thread | None = None
         self._ended = False  # under _lock: the thread ended or is ending, for good
@@ -152,9 +151,9 @@ class NetworkLoop:
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
         """Run ``fn`` on the loop's thread at ``when`` (monotonic seconds)."""
-        timer = Timer(when, fn)
+        timer = Timer(fn)
         with self._lock:
-            heapq.heappush(self._timers, (when, next(self._order), timer))
+            self._timers.arm(timer, when)
             if not self.on_thread():
                 self._wake()
         return timer
@@ -194,7 +193,8 @@ class NetworkLoop:
                     if not self._entries and not self._jobs:
                         self._ended = True
                         return
-                    due = self._timers[0][0] if self._timers else next_misc
+                    soonest = self._timers.soonest()
+                    due = next_misc if soonest is None else soonest
                     busy = self._ready or self._pending or self._jobs  # queued on this thread
                 now = time.monotonic()
                 wait = 0.0 if busy else min(max(min(due, next_misc) - now, 0.0), IDLE_WAIT_S)
@@ -241,12 +241,9 @@ class NetworkLoop:
             run_safely(job, "a job on the network loop")
 
     def _run_timers(self) -> None:
-        now = time.monotonic()
-        while True:
-            with self._lock:
-                if not self._timers or self._timers[0][0] > now:
-                    return
-                _, _, timer = heapq.heappop(self._timers)
+        with self._lock:
+            due = self._timers.due(time.monotonic())
+        for timer in due:
             if not timer.cancelled:
                 run_safely(timer.fn, "a timer on the network loop")
 
