@@ -50,6 +50,7 @@ from tensorwire.transports.zmq.sockets import (
     SEND_LAST,
     configure,
     endpoint,
+    monitor_socket,
     poll_ms,
     protocol_error,
     queue_piece,
@@ -144,7 +145,7 @@ class ZmqChannel(Channel):
                 self._dealer.curve_serverkey = self._hub_key
                 self._dealer.curve_publickey = public
                 self._dealer.curve_secretkey = secret
-            self._monitor = self._dealer.get_monitor_socket(CHANNEL_MONITOR_EVENTS)
+            self._monitor = monitor_socket(self._dealer, CHANNEL_MONITOR_EVENTS)
             self._wake_r, self._wake_w = waker()
             self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
             self._poll_in = poller(self._dealer.fileno(), self._monitor_fd, self._wake_fd)

@@ -40,6 +40,7 @@ from tensorwire.transports.zmq.sockets import (
     POLLIN,
     configure,
     endpoint,
+    monitor_socket,
     protocol_error,
     queue_piece,
     recv_frames,
@@ -88,7 +89,7 @@ class ZmqHub(RouterOutbound, Hub):
             # the device's secret is what admits it.
             self._router.curve_server = 1
             self._router.curve_publickey, self._router.curve_secretkey = keys
-        self._monitor = self._router.get_monitor_socket(MONITOR_EVENTS)
+        self._monitor = monitor_socket(self._router, MONITOR_EVENTS)
         try:
             self._router.bind(endpoint(host, port or "*"))
         except zmq.ZMQError as exc:

@@ -3,6 +3,8 @@ piece without blocking, reading a message's frames."""
 
 from __future__ import annotations
 
+import itertools
+
 import zmq
 
 from tensorwire.errors import TransportTimeout
@@ -10,6 +12,7 @@ from tensorwire.transports.base import remaining
 from tensorwire.transports.zmq.collector import start_zero_copy_collector
 from tensorwire.transports.zmq.pieces import COPY_BYTES, PIECE_BYTES
 
+_monitors = itertools.count()  # names the inproc endpoints of a process's monitors
 MAX_FRAME_BYTES = 2 * PIECE_BYTES  # a peer sending a bigger frame is disconnected by libzmq
 QUEUE_PIECES = 32  # ZeroMQ messages each socket queues per peer and direction (high-water mark)
 HEARTBEAT_IVL_MS = 5_000  # ZMTP pings find connections whose peer vanished without a FIN
@@ -49,6 +52,25 @@ def configure(sock: zmq.Socket, host: str) -> None:
     sock.heartbeat_ivl = HEARTBEAT_IVL_MS
     sock.heartbeat_timeout = HEARTBEAT_TIMEOUT_MS
     sock.ipv6 = ":" in host
+
+
+def monitor_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR socket that reads ``sock``'s monitor events, its queue without a high-water mark.
+
+    libzmq sends a monitor event blocking, from the I/O thread: behind a full queue (pyzmq's
+    ``get_monitor_socket`` leaves the default, 1,000 events each side) that thread stops
+    serving every connection of the socket, and ``disable_monitor`` then waits for it for
+    ever (seen as a hub's close hanging when 2,000 clients left after it stopped reading).
+    The owner reads the events as they come; each is a few dozen bytes, one per connection
+    that opens, closes or fails its handshake.
+    """
+    address = f"inproc://tensorwire-monitor-{next(_monitors)}"
+    sock.monitor(address, events)
+    pair = sock.context.socket(zmq.PAIR)
+    pair.linger = 0
+    pair.rcvhwm = 0  # an inproc pipe is unbounded when either end's mark is 0
+    pair.connect(address)
+    return pair
 
 
 def poll_ms(seconds: float | None) -> int | None:
