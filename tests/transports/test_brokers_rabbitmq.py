@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from killed_owner import killed_owner, wait_until
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import MissingDependency
@@ -259,3 +261,79 @@ def test_a_private_node_ends_when_the_process_that_started_it_is_killed():
     assert not left, f"processes of the node outlived its killed owner by {T} s: {left}"
     wait_until(lambda: not Path(directory).exists(), deadline)  # removed right after it ended
     assert not Path(directory).exists(), "the killed owner's node directory stayed"
+
+
+def _refused(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` (a connection to it is refused)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def test_a_restart_holds_the_nodes_ports_while_it_is_down_and_waits_for_both_listeners(request):
+    """Down for a restart, the node keeps its ports: nothing else binds one (a connection
+    that took the TLS port as its local end once left the node up on its plain listener
+    alone, which the readiness probe took for up, and every later amqps:// test was refused;
+    one that took a new distribution port failed the restart: dist_port_already_used), and
+    it comes back answering on both listeners."""
+    spec = importlib.util.spec_from_file_location(
+        "tw_scheme_amqp_for_brokers_held", Path(__file__).with_name("schemes") / "amqp.py"
+    )
+    assert spec and spec.loader
+    scheme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scheme)
+    node = scheme.tls_private_broker(request).node  # the session's node, with a TLS listener
+    ports = (node.port, node.plain_port, node._dist_port)  # and Erlang distribution's
+    tls_url = f"{node.url()}?ca={node.tls.ca}"
+    failed: list[BaseException] = []
+
+    def restart() -> None:
+        try:
+            node.restart(3.0)
+        except BaseException as exc:  # said below
+            failed.append(exc)
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    try:
+        assert until(lambda: all(map(_refused, ports)), timeout=60), "the node did not stop"
+        for port in ports:  # down (3 s): nothing listens on them, and they are still its own
+            with socket.socket() as other, pytest.raises(OSError, match="in use"):
+                other.bind(("127.0.0.1", port))
+    finally:
+        thread.join(150)
+    assert not thread.is_alive() and not failed, f"the restart failed: {failed}"
+    assert rabbitmq_answers(node.plain_url()) and rabbitmq_answers(tls_url)
+
+
+def test_a_tls_port_taken_before_the_node_bound_it_is_picked_again(tmp_path, monkeypatch):
+    """RabbitMQ runs on without a TLS listener it could not bind (eaddrinuse, in its log): the
+    start sees that, rather than taking the plain listener's answer for the node's, and picks
+    the port again like any other taken one."""
+    pytest.importorskip("cryptography", reason="cryptography is not installed")
+    from tensorwire.transports.brokers import ports, rabbitmq
+    from tensorwire.transports.certs import make_certs
+    from tensorwire.transports.security import TLS
+
+    try:
+        find_rabbitmq()
+    except MissingDependency as exc:
+        pytest.skip(str(exc))
+    certs = make_certs(tmp_path, hosts=["127.0.0.1"], clients=[])
+    picks: list[int] = []
+    with socket.create_server(("127.0.0.1", 0)) as holder:  # another program's listener
+        taken = holder.getsockname()[1]
+
+        def pick(host: str) -> int:  # the first pick (the TLS port) is taken meanwhile
+            picks.append(taken if not picks else ports.free_port(host))
+            return picks[-1]
+
+        monkeypatch.setattr(rabbitmq, "free_port", pick)
+        tls = TLS(cert=certs.hub_cert, key=certs.hub_key, ca=certs.ca)
+        with RabbitMQBroker(tls=tls, plain_port=0) as node:
+            assert picks[0] == taken and node.port not in (0, taken)
+            assert rabbitmq_answers(f"{node.url()}?ca={certs.ca}")

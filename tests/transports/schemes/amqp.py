@@ -194,7 +194,9 @@ def _trusted_tls_node(request: pytest.FixtureRequest) -> Any:
     certificate, and so do the peers it starts. Whatever certificates the node serves are
     kept (the security suite's, say); a node serving none gets some made for it."""
     node = getattr(request.config, _PRIVATE, None)
-    if node is None or node.tls is None:
+    if node is not None and node.tls is not None:
+        node = _node(request)  # the one it serves (another if a failed restart tore it down)
+    else:
         certs = getattr(request.config, _OWN_CERTS, None)
         if certs is None:
             pytest.importorskip("cryptography", reason="cryptography is not installed")

@@ -7,7 +7,9 @@ enabled-plugins list (empty) and the Erlang cookie (``HOME`` points there). It l
 127.0.0.1 only and lets the URL's user in. ``stop()`` asks the node to stop (SIGTERM, as
 ``rabbitmqctl stop`` does), kills what is left of its process group, ends its epmd and removes the
 directory; ``restart(down_s)`` stops the node and starts it again on the same port, node
-name and directory, so its durable queues and persistent messages come back. With a
+name and directory, so its durable queues and persistent messages come back: its listener
+and distribution ports stay held meanwhile (:class:`~.ports.HeldPorts`), and a start waits
+until every listener answers. With a
 ``command_prefix`` (e.g. ``ip netns exec NS``) the node, its epmd and
 ``rabbitmqctl`` run behind it, in a testbed's server namespace, and it is probed from there;
 ``bind`` is the address its AMQP listener takes. With ``tls=`` that listener speaks TLS
@@ -34,9 +36,9 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
 from tensorwire.transports.brokers.erlang import tls_version
-from tensorwire.transports.brokers.ports import free_port, start_on_free_ports
+from tensorwire.transports.brokers.ports import HeldPorts, free_port, start_on_free_ports
 from tensorwire.transports.brokers.rabbitmq_probe import rabbitmq_answers
-from tensorwire.transports.brokers.readiness import wait_answering
+from tensorwire.transports.brokers.readiness import logged, wait_all_answering
 from tensorwire.transports.brokers.sizing import RABBITMQ, size_for, with_fd_limit
 from tensorwire.transports.security import TLS
 from tensorwire.transports.url import redacted
@@ -131,6 +133,8 @@ class RabbitMQBroker:
         self._lock = threading.Lock()  # restart() and stop() one at a time
         self._proc: subprocess.Popen[bytes] | None = None
         self._epmd: subprocess.Popen[bytes] | None = None
+        self._held = HeldPorts()  # its listener and distribution ports, kept while it is down
+        self._dist_port = 0  # Erlang distribution's, picked at start
         # They end the node's process group and epmd if this process is killed:
         self._reapers: dict[str, Reaper] = {}
 
@@ -162,13 +166,23 @@ class RabbitMQBroker:
             return url
         return f"{url}?prefix={quote(prefix, safe='')}&connection_max={self.limits.connections}"
 
-    def _probe_url(self) -> str:
-        """What the readiness probe connects to: the plain listener if there is one, else the
-        TLS one, checked against ``tls.ca`` (the node's certificate is rarely a public one)."""
-        if self.tls is None or self.plain_port is not None:
-            return self.plain_url()
-        ca = f"&ca={quote(str(Path(self.tls.ca).resolve()))}" if self.tls.ca is not None else ""
-        return f"{self.url()}?tls=1{ca}"
+    def _probe_urls(self) -> list[str]:
+        """What the readiness probe connects to, in turn: the plain listener if there is one,
+        then the TLS one, checked against ``tls.ca`` (the node's certificate is rarely a
+        public one). Both: the node runs on without a TLS listener it could not start."""
+        urls = [] if self.tls is not None and self.plain_port is None else [self.plain_url()]
+        if self.tls is not None:
+            ca = f"&ca={quote(str(Path(self.tls.ca).resolve()))}" if self.tls.ca else ""
+            urls.append(f"{self.url()}?tls=1{ca}")
+        return urls
+
+    def _hold_ports(self) -> None:
+        """Hold the listener and distribution ports until :meth:`stop`: a restart finds them
+        free (no connection took one as its local end while the node was down). Not behind a
+        prefix: its ports are in another network namespace."""
+        if not self.command_prefix:
+            ports = [(self.host, self.port), (self.host, self.plain_port)]
+            self._held.hold([*ports, ("127.0.0.1", self._dist_port)])
 
     def _config(self) -> str:
         lines = {
@@ -300,12 +314,13 @@ class RabbitMQBroker:
             self.port = free_port(here)
         if self.plain_port == 0:
             self.plain_port = free_port(here)
+        epmd_port, self._dist_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        self._hold_ports()
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-rabbitmq-"))
         (self.dir / "rabbitmq-env.conf").write_text("")
         (self.dir / "enabled_plugins").write_text("[].\n")
         if self.tls is not None:
             self._copy_tls_files()
-        epmd_port = free_port("127.0.0.1")
         self._env = self._environment(epmd_port)
         with open(self.dir / "startup.log", "wb") as out:
             # Our own epmd in the foreground, so it is ours to end (a node would start a daemon).
@@ -323,9 +338,11 @@ class RabbitMQBroker:
         """Run the node on the prepared directory and environment; wait until it answers."""
         assert self.dir is not None and self._server is not None
         (self.dir / "rabbitmq.conf").write_text(self._config())  # use_tls() may have changed it
-        # a port free now: the last one may have been taken while the node was down
-        self._env["RABBITMQ_DIST_PORT"] = str(free_port("127.0.0.1"))
-        log = self.dir / "startup.log"
+        if self.command_prefix:  # not held (:meth:`_hold_ports`): a port free now
+            self._dist_port = free_port("127.0.0.1")
+        self._env["RABBITMQ_DIST_PORT"] = str(self._dist_port)
+        log, node_log = self.dir / "startup.log", self.dir / "log" / f"{self.node}.log"
+        since = node_log.stat().st_size if node_log.exists() else 0  # past restarts' lines
         with open(log, "ab") as out:
             self._proc = subprocess.Popen(
                 [*self.command_prefix, *with_fd_limit([str(self._server)], self.limits.fds)],
@@ -336,17 +353,21 @@ class RabbitMQBroker:
                 start_new_session=True,  # its own process group: stop() can end all of it
             )
         self._reapers["node"] = Reaper(self._proc, group=True, remove=self.dir)
-        if not wait_answering(
-            self._proc, "amqp", self._probe_url(), self.startup_timeout, self.command_prefix
-        ):
-            running = self._proc.poll() is None
+        proc = self._proc
+
+        def unbound() -> str:  # a listener it could not start (it runs on without it)
+            return logged(node_log, since, b"Failed to start Ranch listener")
+
+        urls, prefix = self._probe_urls(), self.command_prefix
+        if not wait_all_answering(proc, "amqp", urls, self.startup_timeout, prefix, unbound):
+            running, failed = proc.poll() is None, unbound()
             log_tail = log.read_text(errors="replace")[-3000:]
             self._teardown()
-            error = TransportTimeout if running else TransportError
+            error = TransportTimeout if running and not failed else TransportError
             raise error(
                 f"RabbitMQ node {self.node} on {self.host}:{self.port} did not start"
-                f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
-                f"its log:\n{log_tail}"
+                f"{' within ' + str(self.startup_timeout) + ' s' if running and not failed else ''}"
+                f"{': ' + failed if failed else ''}; its log:\n{log_tail}"
             )
 
     def restart(self, down_s: float = 0.0) -> None:
@@ -376,6 +397,7 @@ class RabbitMQBroker:
                 return
             self.plain_port = self.port
             self.port = free_port("127.0.0.1" if self.command_prefix else self.host)
+            self._hold_ports()
             self._halt()
             self._launch()
 
@@ -435,6 +457,7 @@ class RabbitMQBroker:
             self._epmd = None
         if reaper := self._reapers.pop("epmd", None):
             reaper.stop()
+        self._held.release()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

@@ -12,7 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 POLL = 0.05  # seconds between probes, and between looks at the broker and the helper
@@ -33,14 +34,20 @@ def wait_answering(
     target: str,
     timeout: float,
     command_prefix: Sequence[str] = (),
+    failed: Callable[[], object] = lambda: False,
 ) -> bool:
-    """Wait until the broker at ``target`` answers (True), its process ``broker`` ends or
-    ``timeout`` seconds pass (False). With a ``command_prefix``, probe from behind it."""
+    """Wait until the broker at ``target`` answers (True), its process ``broker`` ends,
+    ``failed()`` says it never will (true: its log says so, say) or ``timeout`` seconds pass
+    (False). With a ``command_prefix``, probe from behind it."""
     deadline = time.monotonic() + timeout
+
+    def given_up() -> bool:
+        return broker.poll() is not None or bool(failed()) or time.monotonic() > deadline
+
     if not command_prefix:
         # Polled: a starting broker gives no signal to wait on but its answering port.
         while not answers(kind, target, timeout=0.5):
-            if broker.poll() is not None or time.monotonic() > deadline:
+            if given_up():
                 return False
             time.sleep(POLL)
         return True
@@ -60,7 +67,7 @@ def wait_answering(
     )
     try:
         while helper.poll() is None:
-            if broker.poll() is not None or time.monotonic() > deadline:
+            if given_up():
                 return False
             time.sleep(POLL)
         return helper.returncode == 0
@@ -68,6 +75,36 @@ def wait_answering(
         if helper.poll() is None:
             helper.kill()
             helper.wait()
+
+
+def wait_all_answering(
+    broker: subprocess.Popen[Any],
+    kind: str,
+    targets: Sequence[str],
+    timeout: float,
+    command_prefix: Sequence[str] = (),
+    failed: Callable[[], object] = lambda: False,
+) -> bool:
+    """:func:`wait_answering` for each of ``targets`` in turn (a broker's listeners), all
+    within ``timeout`` seconds: True once every one answers."""
+    deadline = time.monotonic() + timeout
+    for target in targets:
+        left = deadline - time.monotonic()
+        if not wait_answering(broker, kind, target, left, command_prefix, failed):
+            return False
+    return True
+
+
+def logged(path: Path, since: int, marker: bytes) -> str:
+    """The lines of the log at ``path`` past its first ``since`` bytes that hold ``marker``
+    ("" if none, or no log yet): what a starting broker said of itself this time."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            found = [line for line in f.read().splitlines() if marker in line]
+    except OSError:
+        return ""
+    return b"\n".join(found).decode(errors="replace")
 
 
 def main(argv: Sequence[str]) -> int:
