@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
+import struct
 import threading
 import time
 
 import numpy as np
 import pytest
 from killed_owner import killed_owner, wait_until
+from waiting import until
 
 import tensorwire
 from tensorwire.errors import AuthenticationError, MissingDependency, TransportError
@@ -299,3 +302,92 @@ def test_a_private_broker_ends_when_the_process_that_started_it_is_killed():
         pytest.fail(f"the broker outlived its killed owner by {T} s")
     wait_until(lambda: not os.path.exists(directory), deadline)  # removed right after it ended
     assert not os.path.exists(directory), "the killed owner's broker directory stayed"
+
+
+_IP_LOCAL_PORT_RANGE = 51  # Linux 6.3+: the ports a socket's connect() may pick from, lo | hi << 16
+
+
+def _connect_from(port: int, server: socket.socket) -> None:
+    """Connect to ``server`` from 127.0.0.1:``port``, the one local port the kernel may pick
+    (as any connection's pick would be, the port being free): ``OSError`` if it is not free.
+    Skips where the kernel lacks ``IP_LOCAL_PORT_RANGE``."""
+    with socket.socket() as conn:
+        try:
+            only = struct.pack("=I", port | port << 16)
+            conn.setsockopt(socket.IPPROTO_IP, _IP_LOCAL_PORT_RANGE, only)
+        except OSError:
+            pytest.skip("no IP_LOCAL_PORT_RANGE here (Linux 6.3+)")
+        conn.connect(server.getsockname())
+        assert conn.getsockname()[1] == port  # it did take it
+
+
+def _lingering(port: int) -> bool:
+    """Whether a connection ended on 127.0.0.1:``port``'s side lingers there in TIME_WAIT:
+    the kernel then keeps the port from connect()'s picks by itself, held or not."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+        if any(row[1].endswith(f":{port:04X}") and row[3] == "06" for row in rows):
+            return True
+    return False
+
+
+def test_a_restart_holds_the_port_while_the_broker_is_down_and_it_answers_after():
+    """Down for a restart, the broker keeps its port: no connection takes it as its local end
+    (one did, and the restart failed: "Error: Address already in use") and nothing else binds
+    it; it answers on it again after. A round in which a TIME_WAIT (a probe's, say) kept the
+    port anyway proves nothing, and another is run (4 in all)."""
+    with MosquittoBroker() as broker, socket.create_server(("127.0.0.1", 0)) as server:
+        port, failed = broker.port, []
+
+        def restart() -> None:
+            try:
+                broker.restart(2.0)
+            except BaseException as exc:  # said below
+                failed.append(exc)
+
+        for _ in range(4):
+            thread = threading.Thread(target=restart, daemon=True)
+            thread.start()
+            try:  # down (2 s) once its process is gone; not probed: that could leave a TIME_WAIT
+                assert until(lambda: broker.pid is None, timeout=T), "the broker did not stop"
+                kept_anyway = _lingering(port)  # none starts while nothing listens
+                with pytest.raises(OSError) as taken:  # none left to pick: EADDRNOTAVAIL
+                    _connect_from(port, server)
+                assert taken.value.errno in (errno.EADDRNOTAVAIL, errno.EADDRINUSE), taken.value
+                with socket.socket() as other, pytest.raises(OSError, match="in use"):
+                    other.bind(("127.0.0.1", port))
+                assert broker.pid is None, "the broker was back before its port was tried"
+            finally:
+                thread.join(T + 2.0)
+            assert not thread.is_alive() and not failed, f"the restart failed: {failed}"
+            assert mosquitto_answers("127.0.0.1", port)
+            if not kept_anyway:
+                break
+
+
+def test_a_restart_whose_listener_cannot_bind_fails_at_once_with_the_log_line(monkeypatch):
+    """Were its port taken while it was down, the restart says Mosquitto's error, not a
+    timeout, and the broker is torn down."""
+    broker = MosquittoBroker(startup_timeout=60).start()
+    taker, taken = socket.socket(), []
+    taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the TIME_WAITs
+    end = broker._end_process
+
+    def end_then_take() -> None:  # as a program that bound the port meanwhile would
+        end()
+        if not taken:  # once (stop() ends it too)
+            taken.append(broker.port)
+            broker._held.release()
+            taker.bind(("127.0.0.1", broker.port))
+            taker.listen()
+
+    monkeypatch.setattr(broker, "_end_process", end_then_take)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransportError, match=r"did not start: .*Address already in use"):
+            broker.restart()
+        assert time.monotonic() - started < 30 and broker.dir is None and broker.pid is None
+    finally:
+        taker.close()
+        broker.stop()

@@ -6,7 +6,8 @@ log, listens on 127.0.0.1 only (or the ``bind`` address) and lets anyone in, unl
 TLS (``mqtts://``) on the given certificate. It keeps nothing on disk unless asked to
 (``persistence=True``: sessions, subscriptions and queued messages are saved in its directory
 when it stops and restored when it starts). ``restart(down_s)`` stops it, waits and starts it
-again on the same port and directory; ``stop()`` ends the process and removes the directory.
+again on the same port and directory (the port held meanwhile: :class:`~.ports.HeldPorts`);
+``stop()`` ends the process and removes the directory.
 With a ``command_prefix`` (e.g. ``ip netns exec NS``) it runs behind it, in a testbed's server
 namespace, and is probed from there. Nothing here needs paho: the probe speaks MQTT itself,
 in clear or, on a TLS listener, over TLS.
@@ -35,8 +36,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
-from tensorwire.transports.brokers.ports import free_port, start_on_free_ports
-from tensorwire.transports.brokers.readiness import wait_answering
+from tensorwire.transports.brokers.ports import HeldPorts, free_port, start_on_free_ports
+from tensorwire.transports.brokers.readiness import logged, wait_answering
 from tensorwire.transports.brokers.sizing import MOSQUITTO, size_for, with_fd_limit
 from tensorwire.transports.security import TLS
 from tensorwire.transports.url import host_port, with_option
@@ -226,6 +227,7 @@ class MosquittoBroker:
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: Reaper | None = None  # ends the broker if this process is killed
+        self._held = HeldPorts()  # its listener's port, kept while it is down for a restart
 
     @property
     def pid(self) -> int | None:
@@ -287,6 +289,23 @@ class MosquittoBroker:
         }
         return "".join(f"{k} {v}\n" for k, v in lines.items())
 
+    def _hold_port(self) -> None:
+        """Hold the listener's port, on each address its host names, until :meth:`stop`:
+        while the broker is down for a restart no connection takes it as its local end (one
+        did, and the restart failed: "Error: Address already in use"). Mosquitto sets
+        ``SO_REUSEADDR`` on its listener before binding it (2.0.11, seen with strace), so it
+        binds beside the held socket, which never listens; a held socket without it would
+        keep Mosquitto out. Not behind a prefix: its port is in another network namespace."""
+        if self.command_prefix:
+            return
+        try:  # the addresses Mosquitto binds for the listener's host
+            found = socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except OSError:
+            found = []  # unresolvable: Mosquitto's start says so
+        self._held.hold((str(address[0]), self.port) for *_, address in found)
+
     def start(self) -> MosquittoBroker:
         """Start the broker and wait until it answers; raise with its log if it does not.
         Without a port given, a free one (another if that was taken before the broker bound
@@ -304,6 +323,7 @@ class MosquittoBroker:
         if self.port == 0:
             # Behind a prefix the broker's namespace is elsewhere: any port free here will do.
             self.port = free_port("127.0.0.1" if self.command_prefix else self.host)
+        self._hold_port()
         self.dir = Path(tempfile.mkdtemp(prefix="tensorwire-mosquitto-"))
         try:
             if self.users:
@@ -325,10 +345,13 @@ class MosquittoBroker:
         self._run(find_mosquitto(self.binary))
 
     def _run(self, binary: str) -> None:
-        """Start the process on the config in :attr:`dir`; wait until it answers."""
+        """Start the process on the config in :attr:`dir`; wait until it answers, or until
+        its log says it could not start its listener."""
         assert self.dir is not None
         argv = [binary, "-c", str(self.dir / "mosquitto.conf")]
-        with open(self.dir / "mosquitto.log", "ab") as log:
+        log_path = self.dir / "mosquitto.log"
+        since = log_path.stat().st_size if log_path.exists() else 0  # past starts' lines
+        with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [*self.command_prefix, *with_fd_limit(argv, self.limits.fds)],
                 stdout=log,
@@ -337,17 +360,21 @@ class MosquittoBroker:
             )
         self._reaper = Reaper(self._proc, remove=self.dir)
         target = f"{self.host}:{self.port}"
-        if not wait_answering(
-            self._proc, "mqtt", target, self.startup_timeout, self.command_prefix
-        ):
-            log_tail = (self.dir / "mosquitto.log").read_text(errors="replace")[-2000:]
-            running = self._proc.poll() is None
+
+        def failed() -> str:  # "Error: Address already in use", say: it will not answer
+            return logged(log_path, since, b"Error: ")
+
+        proc, prefix = self._proc, self.command_prefix
+        if not wait_answering(proc, "mqtt", target, self.startup_timeout, prefix, failed):
+            log_tail = log_path.read_text(errors="replace")[-2000:]
+            running, error_line = proc.poll() is None, failed()
+            timed_out = running and not error_line
             self.stop()
-            error = TransportTimeout if running else TransportError
+            error = TransportTimeout if timed_out else TransportError
             raise error(
                 f"mosquitto on {target} did not start"
-                f"{' within ' + str(self.startup_timeout) + ' s' if running else ''}; "
-                f"its log:\n{log_tail}"
+                f"{' within ' + str(self.startup_timeout) + ' s' if timed_out else ''}"
+                f"{': ' + error_line if error_line else ''}; its log:\n{log_tail}"
             )
 
     def _end_process(self) -> None:
@@ -365,8 +392,9 @@ class MosquittoBroker:
             self._reaper = None
 
     def stop(self) -> None:
-        """End the broker process and remove its directory."""
+        """End the broker process, let its port go and remove its directory."""
         self._end_process()
+        self._held.release()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
