@@ -188,6 +188,7 @@ def scale_case(
         before = usage()
         procs_ = _spawn(hub.url, n, client_procs(n, procs), reply_bytes, timeout)
         pids = [p.pid for p in procs_]
+        t2, gathered = 0.0, 0
         try:
             _start(procs_, deadline)
             cpu0 = time.process_time()
@@ -199,7 +200,7 @@ def scale_case(
             weights = np.ones(broadcast_bytes // 4, np.float32)
             hub.broadcast({"w": weights}, timeout=deadline - time.monotonic())
             t2 = time.monotonic()
-            for _ in range(n):
+            for gathered in range(n):  # noqa: B007 (named in the error below)
                 hub.recv(timeout=deadline - time.monotonic())
             t3 = time.monotonic()
             cpu = time.process_time() - cpu0
@@ -207,6 +208,8 @@ def scale_case(
             hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
         except TransportError as exc:  # its text may list thousands of client ids: cut short
             row["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+            if t2:  # the broadcast went out: say how far the gather got
+                row["error"] += f" (after {gathered} of {n} replies)"
         finally:
             tally = _tallies(procs_, deadline)
     if "error" in row:
