@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -391,3 +392,56 @@ def test_a_restart_whose_listener_cannot_bind_fails_at_once_with_the_log_line(mo
     finally:
         taker.close()
         broker.stop()
+
+
+def _burst_to_a_slow_subscriber(broker: MosquittoBroker, count: int) -> int:
+    """``count`` QoS 1 messages of 100 KiB published at once to an MQTT 5 subscriber (Receive
+    Maximum 65,535, as a hub's) that takes 1 ms over each; how many it got."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    got = [0]
+
+    def on_message(client: Any, userdata: Any, message: Any) -> None:
+        got[0] += 1
+        time.sleep(0.001)  # the slow reader under test, not a wait for a state
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="hub", protocol=mqtt.MQTTv5)
+    props = Properties(PacketTypes.CONNECT)
+    props.ReceiveMaximum = 65_535
+    sub.on_message = on_message
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="devices", protocol=mqtt.MQTTv5)
+    pub.max_inflight_messages_set(65_535)
+    subscribed = threading.Event()
+    sub.on_subscribe = lambda *a: subscribed.set()
+    try:
+        sub.connect("127.0.0.1", broker.port, properties=props)
+        sub.subscribe("up/#", qos=1)
+        sub.loop_start()
+        assert subscribed.wait(T)
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        payload = bytes(100 << 10)  # a device's reply: the broker's socket to the hub fills
+        infos = [pub.publish(f"up/{i}", payload, qos=1) for i in range(count)]
+        for info in infos:  # every one taken by the broker
+            info.wait_for_publish(T)
+        # then until the subscriber has them all, or nothing came for a second (dropped)
+        last, seen = time.monotonic(), -1
+        while got[0] < count and time.monotonic() - last < 1.0:
+            if got[0] != seen:
+                last, seen = time.monotonic(), got[0]
+            until(lambda s=seen: got[0] != s, timeout=0.2)  # type: ignore[misc]
+        return got[0]
+    finally:
+        for client in (pub, sub):
+            client.loop_stop()
+            client.disconnect()
+
+
+def test_a_private_broker_queues_a_burst_to_a_slow_hub_that_mosquittos_default_drops():
+    count = 2000
+    with MosquittoBroker(devices=100, settings={"max_queued_messages": "1000"}) as default:
+        assert _burst_to_a_slow_subscriber(default, count) < count  # the default drops
+    with MosquittoBroker(devices=100) as sized:
+        assert _burst_to_a_slow_subscriber(sized, count) == count

@@ -125,6 +125,16 @@ def find_mosquitto_passwd() -> str | None:
     )
 
 
+QUEUED_PER_DEVICE = 128  # chunks one device may have on their way: 8 MiB in 64 KiB chunks
+
+
+def queued_messages(devices: int) -> int:
+    """The ``max_queued_messages`` of a private broker for ``devices``: Mosquitto's own 1,000,
+    plus :data:`QUEUED_PER_DEVICE` for each device, so that a hub whose devices all send at
+    once loses none of it to a queue that is full while it reads."""
+    return 1000 + QUEUED_PER_DEVICE * devices
+
+
 @functools.cache
 def _mosquitto_version(binary: str) -> tuple[int, ...]:
     """The version ``binary -h`` prints (``mosquitto version 2.0.11``); () if it says none."""
@@ -275,6 +285,12 @@ class MosquittoBroker:
         lines = {
             "listener": f"{self.port} {self.host}",
             "max_connections": str(self.limits.connections),  # this listener's
+            # Mosquitto drops QoS 1 messages queued for a subscriber past 1,000 by default,
+            # whatever its MQTT 5 Receive Maximum says: a hub of 2,000 devices that read their
+            # replies more slowly than they came lost 290 of them. Room for a window of small
+            # chunks from every device at once (the messages' bytes are the broker's one
+            # stored copy each, not per queue).
+            "max_queued_messages": str(queued_messages(self.limits.connections)),
             **self._tls_lines(binary),
             "allow_anonymous": "false" if self.users else "true",
             **({"password_file": str(self.dir / "passwd")} if self.users else {}),
