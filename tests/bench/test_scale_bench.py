@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tensorwire.bench.scale import _tallies, client_procs, cpu_seconds
+from tensorwire.bench.scale import _tallies, client_procs, cpu_seconds, with_descendants
 from tensorwire.bench.scale_summary import median_rows
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -50,6 +50,10 @@ def test_a_tiny_run_has_a_row_per_case_and_writes_its_files(tmp_path: Path):
             assert r["fds_per_client"] >= 1 and r["hub_fds"] >= r["clients"]
         assert r["hub_threads"] >= 1 and r["hub_rss_mb"] > 0
         assert r["client_procs"] == 2 and r["clients_cpu_s"] >= 0.0  # ticks of 10 ms: may be 0
+        if r["transport"] == "mqtt":  # its private broker's CPU; none for a brokerless hub
+            assert r["broker_join_cpu_ms"] >= 0.0 and r["broker_cpu_s"] >= 0.0
+        else:
+            assert r.get("broker_cpu_s") is None
     assert (out / "scale.png").exists()
 
 
@@ -140,3 +144,19 @@ def test_medians_leave_out_failed_runs_and_say_so():
     assert tcp100["per_client_ratio"] == 1.0 and "error" not in tcp100
     assert quic10["runs"] == 0 and quic10["error"] == "TransportError: no"
     assert "per_client_ratio" not in quic10 and "run" not in tcp10
+
+
+def test_with_descendants_finds_a_grandchild_and_nothing_else():
+    code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
+    code += "'import time; time.sleep(60)']); print(c.pid, flush=True); c.wait()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        found = with_descendants(child.pid)
+        assert sorted(found) == sorted([child.pid, grandchild])
+        assert with_descendants(os.getpid())[0] == os.getpid()
+    finally:
+        subprocess.run(["pkill", "-P", str(child.pid)], check=False)
+        child.kill()
+        child.wait()

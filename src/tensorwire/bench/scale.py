@@ -9,6 +9,8 @@ by default enough that none holds more than :data:`CLIENTS_PER_PROC`. Timed here
 - ``gather_s``: until the hub has received a ``reply_bytes`` reply from each;
 - ``hub_cpu_s``: this process's CPU time (every thread) over join + broadcast + gather;
 - ``clients_cpu_s``: the client processes' CPU time (all of them) over broadcast + gather;
+- a private broker's CPU time (its process and those it started): ``broker_join_cpu_ms``
+  per client over the join, ``broker_cpu_s`` over broadcast + gather;
 - per client, with N clients joined, against the hub before any joined: ``rss_kb``,
   ``threads`` and ``fds`` (from ``/proc/self``); and the hub's whole ``hub_threads``,
   ``hub_fds`` and ``hub_rss_mb`` then, with every client joined and idle.
@@ -82,17 +84,37 @@ def usage() -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _private_hub_url(transport: str, devices: int) -> Iterator[str]:
-    """A hub URL on loopback; a broker transport's on a private broker of its own, sized for
-    ``devices``."""
+def _private_hub_url(transport: str, devices: int) -> Iterator[tuple[str, int | None]]:
+    """A hub URL on loopback, and None; a broker transport's on a private broker of its own,
+    sized for ``devices``, and that broker's process id."""
     entry = get_transport(transport)
     broker = entry.broker_kind()
     if broker is None:
         with local_hub_url(transport) as url:
-            yield url
+            yield url, None
         return
     with broker.load("server")(devices=devices) as server:
-        yield server.url(f"tw-scale-{os.getpid()}")
+        yield server.url(f"tw-scale-{os.getpid()}"), server.pid
+
+
+def with_descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (a broker's start script and the runtime it
+    starts), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, ()))
+    return found
 
 
 def client_procs(n: int, procs: int | None = None) -> int:
@@ -184,17 +206,19 @@ def scale_case(
     """One transport at ``n`` clients (see the module doc): a row of the table."""
     deadline = time.monotonic() + timeout
     row: dict[str, Any] = {"transport": transport, "clients": n}
-    with _private_hub_url(transport, n) as url, tensorwire.serve(url, codec=None) as hub:
+    with _private_hub_url(transport, n) as (url, broker), tensorwire.serve(url, codec=None) as hub:
+        brokers = [] if broker is None else with_descendants(broker)
         before = usage()
         procs_ = _spawn(hub.url, n, client_procs(n, procs), reply_bytes, timeout)
         pids = [p.pid for p in procs_]
         t2, gathered = 0.0, 0
         try:
             _start(procs_, deadline)
-            cpu0 = time.process_time()
+            cpu0, broker_cpu0 = time.process_time(), cpu_seconds(brokers)
             t0 = time.monotonic()
             hub.wait_for(n, timeout=deadline - time.monotonic())
             t1 = time.monotonic()
+            broker_cpu1 = cpu_seconds(brokers)
             held = usage()
             clients_cpu0 = cpu_seconds(pids)
             weights = np.ones(broadcast_bytes // 4, np.float32)
@@ -205,6 +229,7 @@ def scale_case(
             t3 = time.monotonic()
             cpu = time.process_time() - cpu0
             clients_cpu = cpu_seconds(pids) - clients_cpu0
+            broker_cpu3 = cpu_seconds(brokers)
             hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
         except TransportError as exc:  # its text may list thousands of client ids: cut short
             row["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
@@ -232,6 +257,9 @@ def scale_case(
         hub_rss_mb=held["rss_kb"] / 1024,
         clients_failed=tally["failed"],
     )
+    if brokers:
+        row["broker_join_cpu_ms"] = 1000 * (broker_cpu1 - broker_cpu0) / n
+        row["broker_cpu_s"] = broker_cpu3 - broker_cpu1
     if tally["failed"]:
         row["clients_error"] = str(tally.get("error", ""))[:ERROR_CHARS]
     return row

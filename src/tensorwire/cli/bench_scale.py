@@ -23,6 +23,8 @@ COLUMNS = [
     "per_client_ratio",
     "hub_cpu_s",
     "clients_cpu_s",
+    "broker_join_cpu_ms",
+    "broker_cpu_s",
     "client_procs",
     "rss_kb_per_client",
     "threads_per_client",
@@ -39,7 +41,9 @@ LEGEND = (
     "join_ms_per_client: join_s / clients; per_client_ms: (broadcast + gather) / clients; "
     "per_client_ratio: per_client_ms / that of the transport's smallest client count; "
     "hub_cpu_s: the hub process's CPU over the three steps; clients_cpu_s: all client "
-    "processes' CPU over broadcast and gather; client_procs: how many held the clients; "
+    "processes' CPU over broadcast and gather; broker_join_cpu_ms, broker_cpu_s: a private "
+    "broker's CPU per client over the join (ms), and over broadcast and gather (s); "
+    "client_procs: how many held the clients; "
     "rss_kb, threads, fds per client: the hub process's growth with every client joined / "
     "clients; hub_threads, hub_fds, hub_rss_mb: the hub process's totals then (every client "
     "joined, idle)."
