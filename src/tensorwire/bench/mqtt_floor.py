@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from tensorwire._children import close_and_reap
 from tensorwire.bench.mqtt_floor_clients import DOWN, UP, PacketReader, dial, publish_header
 from tensorwire.bench.scale import client_procs, cpu_seconds, raise_fd_limit
 from tensorwire.bench.scale_summary import median_rows
@@ -59,13 +60,7 @@ def floor_case(
             seconds, cpu = time.monotonic() - t0, cpu_seconds([broker.pid]) - cpu0
         finally:
             for proc in spawned:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                close_and_reap(proc, 30)
     row: dict[str, Any] = {"transport": "mosquitto-raw", "clients": n, "client_procs": procs}
     if got < n:
         row["error"] = f"{got} of {n} replies within {timeout} s"

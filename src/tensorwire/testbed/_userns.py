@@ -19,6 +19,7 @@ import sys
 import tempfile
 from typing import IO, Any
 
+from tensorwire._children import close_and_reap
 from tensorwire.testbed import errors
 from tensorwire.testbed._backend import LocalBackend
 from tensorwire.testbed._netns import Netns, kill, pids_in
@@ -65,13 +66,7 @@ class HolderNamespaces:
         paths = [f"/proc/{pid}/ns/net" for pid in holders]
         kill([pid for pid in pids_in(paths) if pid not in holders])
         for holder in self.holders.values():
-            if holder.stdin is not None:
-                holder.stdin.close()
-            try:
-                holder.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                holder.wait()
+            close_and_reap(holder, 5)
         self.holders.clear()
 
 
