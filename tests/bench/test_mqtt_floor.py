@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tensorwire.bench import mqtt_floor
-from tensorwire.bench.mqtt_floor_clients import remaining_length
 from tensorwire.errors import MissingDependency
 from tensorwire.transports.brokers.mosquitto import find_mosquitto
+from tensorwire.transports.brokers.mqtt_packets import remaining_length
 
 try:
     find_mosquitto()

@@ -19,11 +19,12 @@ import time
 from typing import Any
 
 from tensorwire._children import close_and_reap
-from tensorwire.bench.mqtt_floor_clients import DOWN, UP, PacketReader, dial, publish_header
+from tensorwire.bench.mqtt_floor_clients import DOWN, UP, PacketReader, dial
 from tensorwire.bench.scale import client_procs, cpu_seconds, raise_fd_limit
 from tensorwire.bench.scale_summary import median_rows
 from tensorwire.bench.tables import print_table
 from tensorwire.transports.brokers.mosquitto import MosquittoBroker
+from tensorwire.transports.brokers.mqtt_packets import publish_header
 
 TIMEOUT = 120.0
 

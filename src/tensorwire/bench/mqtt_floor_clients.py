@@ -18,45 +18,21 @@ import sys
 import time
 from collections.abc import Iterator
 
+from tensorwire.transports.brokers.mqtt_packets import (
+    connect_packet,
+    publish_header,
+    subscribe_packet,
+)
+
 DOWN, UP = b"tw-floor/down", b"tw-floor/up"
 READ_BYTES = 1 << 20
-
-
-def remaining_length(n: int) -> bytes:
-    """MQTT's variable-length integer."""
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _string(b: bytes) -> bytes:
-    return struct.pack("!H", len(b)) + b
-
-
-def connect_packet(client_id: str) -> bytes:
-    body = _string(b"MQTT") + bytes([4, 2]) + struct.pack("!H", 600) + _string(client_id.encode())
-    return b"\x10" + remaining_length(len(body)) + body
-
-
-def subscribe_packet(topic: bytes, qos: int) -> bytes:
-    body = struct.pack("!H", 1) + _string(topic) + bytes([qos])
-    return b"\x82" + remaining_length(len(body)) + body
-
-
-def publish_header(topic: bytes, payload_bytes: int, qos: int, packet_id: int = 1) -> bytes:
-    """A PUBLISH's fixed and variable header; its payload follows."""
-    var = _string(topic) + (struct.pack("!H", packet_id) if qos else b"")
-    return bytes([0x30 | qos << 1]) + remaining_length(len(var) + payload_bytes) + var
 
 
 def dial(port: int, client_id: str, topic: bytes | None, qos: int, timeout: float) -> socket.socket:
     """A connected client (CONNACK read), subscribed to ``topic`` (SUBACK read) if given."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(connect_packet(client_id))
+    sock.sendall(connect_packet(client_id, keepalive_s=600))
     _read_exactly(sock, 4)
     if topic is not None:
         sock.sendall(subscribe_packet(topic, qos))

@@ -36,6 +36,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from tensorwire._lifeline import Reaper
 from tensorwire.errors import MissingDependency, TransportError, TransportTimeout
+from tensorwire.transports.brokers.mqtt_packets import connect_packet
 from tensorwire.transports.brokers.ports import HeldPorts, free_port, start_on_free_ports
 from tensorwire.transports.brokers.readiness import logged, wait_answering
 from tensorwire.transports.brokers.sizing import MOSQUITTO, size_for, with_fd_limit
@@ -70,15 +71,13 @@ def _connack(host: str, port: int, timeout: float, *, tls: bool) -> bool | None:
     with no answer (a listener that requires a client certificate ends it so); None if a
     connection in clear ends with no answer or a TLS alert, as a TLS listener does with MQTT
     in clear; False otherwise."""
-    client_id = f"tw-probe-{uuid.uuid4().hex[:8]}".encode()
-    # MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, keepalive 10 s
-    body = b"\x00\x04MQTT\x04\x02\x00\x0a" + len(client_id).to_bytes(2, "big") + client_id
+    connect = connect_packet(f"tw-probe-{uuid.uuid4().hex[:8]}", keepalive_s=10)
     ended = True if tls else None  # what a connection that ends unanswered says
     try:
         with socket.create_connection((host, port), timeout=timeout) as raw:
             raw.settimeout(timeout)
             sock = _probe_context().wrap_socket(raw, server_hostname=host) if tls else raw
-            sock.sendall(bytes([0x10, len(body)]) + body)
+            sock.sendall(connect)
             connack = b""
             while len(connack) < 4:
                 got = sock.recv(4 - len(connack))
