@@ -55,15 +55,17 @@ class Driven(Protocol):
 
 
 class Timer:
-    """A call the loop makes at its time unless cancelled first."""
+    """A call the loop makes at its time unless cancelled first (from any thread)."""
 
-    __slots__ = ("cancelled", "fn")
+    __slots__ = ("cancelled", "fn", "loop")
 
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn, self.cancelled = fn, False
+    def __init__(self, loop: NetworkLoop, fn: Callable[[], None]) -> None:
+        self.loop, self.fn, self.cancelled = loop, fn, False
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self.cancelled = True  # one already taken from the heap, due, is skipped
+        with self.loop._lock:
+            self.loop._timers.discard(self)  # not left in the heap until its time
 
 
 class _Entry:
@@ -151,7 +153,7 @@ class NetworkLoop:
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
         """Run ``fn`` on the loop's thread at ``when`` (monotonic seconds)."""
-        timer = Timer(fn)
+        timer = Timer(self, fn)
         with self._lock:
             self._timers.arm(timer, when)
             if not self.on_thread():
