@@ -75,6 +75,7 @@ def test_hub_url_carries_its_prefix_and_chunk(broker):
         "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=x&chunk=lots",
         "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=amq.mine",
         "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=x&frobnicate=1",
+        "amqp://guest:guest@127.0.0.1:5672/%2F?prefix=x&persistent=yes",
     ],
 )
 def test_bad_urls_are_refused_before_connecting(bad):
@@ -235,6 +236,29 @@ def test_broadcast_to_all_is_one_publish_to_the_fanout(url, connect):
         assert np.array_equal(chans["b"].recv(timeout=T)["v"], np.arange(4))
         with pytest.raises(TransportTimeout):
             chans["c"].recv(timeout=0.5)
+
+
+@pytest.mark.parametrize("query, mode", [("", 2), ("&persistent=0", 1)])
+def test_data_is_kept_on_the_brokers_disk_unless_the_url_says_persistent_0(url, query, mode):
+    """Delivery mode 2 (on disk) by default, 1 (memory) with ?persistent=0, which the hub's
+    URL hands to its devices: seen on a copy of the broadcast, and on the device's publisher."""
+    with tensorwire.serve(url + query) as hub:
+        assert ("persistent=0" in hub.url) == (mode == 1)
+        tap = pika.BlockingConnection(pika.URLParameters(BROKER))
+        try:
+            ch = tap.channel()
+            copy = ch.queue_declare("", exclusive=True).method.queue
+            ch.queue_bind(copy, f"{hub.prefix}.all")
+            with tensorwire.connect(hub.url, client_id="a") as dev:
+                hub.wait_for(1, timeout=T)
+                assert dev._pub._props.delivery_mode == mode
+                hub.broadcast({"v": np.arange(3)})
+                assert np.array_equal(dev.recv(timeout=T)["v"], np.arange(3))
+            got: list = []
+            assert until(lambda: got.append(ch.basic_get(copy, auto_ack=True)[1]) or got[-1], T)
+            assert got[-1].delivery_mode == mode
+        finally:
+            tap.close()
 
 
 def test_a_second_hub_on_the_same_prefix_is_refused(url):

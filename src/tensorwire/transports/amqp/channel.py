@@ -131,7 +131,9 @@ class AmqpChannel(BrokerChannel):
                 on_back=self._medium_back,
                 on_gone=self._medium_gone,
             )
-            self._pub = LinkPublisher(self._link, self.client_id)  # on the same connection
+            self._pub = LinkPublisher(  # on the same connection
+                self._link, self.client_id, self._address.persistent
+            )
             self._link.start()
         assert self._pub is not None
         self._pub.publish("", self._uplink, self._hello, CONTROL_CHUNK, deadline)
@@ -332,7 +334,9 @@ class AmqpChannel(BrokerChannel):
                 sealer = None
             if self._link is not None:  # confirmed, but nobody waits: unanswered, it goes again
                 body = one_chunk(self._hello, sealer)
-                self._link.say("", self._uplink, body, props(self.client_id))
+                self._link.say(
+                    "", self._uplink, body, props(self.client_id, self._address.persistent)
+                )
             self._rehello_at = now + HELLO_RETRY
         joined = self._session.state is State.OPEN or self._afresh
         if joined and self._inbox.failed is None and now >= self._next_hub_check:

@@ -34,6 +34,7 @@ _QUEUE_ARGS = {"x-expires": QUEUE_EXPIRES_MS}
 # RabbitMQ's refusal at a vhost's (or user's) max-connections
 _FULL = re.compile(r"connection limit \((\d+)\) is reached")
 _PERSISTENT = 2  # AMQP delivery mode: the broker keeps the message on disk until consumed
+_TRANSIENT = 1  # in its memory only: a broker restart loses it
 
 # pika logs every failed connection attempt and lost connection at ERROR, with tracebacks; those
 # are the broker outages this module rides out and reports itself.
@@ -153,8 +154,10 @@ def close_quietly(conn: pika.BlockingConnection | None) -> None:
             conn.close()
 
 
-def props(sender: str) -> pika.BasicProperties:
-    return pika.BasicProperties(headers={CLIENT_HEADER: sender}, delivery_mode=_PERSISTENT)
+def props(sender: str, persistent: bool = True) -> pika.BasicProperties:
+    """A message's properties: its sender, and whether the broker keeps it on disk."""
+    mode = _PERSISTENT if persistent else _TRANSIENT
+    return pika.BasicProperties(headers={CLIENT_HEADER: sender}, delivery_mode=mode)
 
 
 def sender_of(props: Any) -> str:

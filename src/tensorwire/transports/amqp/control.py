@@ -37,13 +37,21 @@ def refusal(exc: SessionRefused, session: Any) -> EncodedMessage:
 
 
 def say(
-    ch: Any, queue: str, enc: EncodedMessage, sender: str, sealer: Sealer | None = None
+    ch: Any,
+    queue: str,
+    enc: EncodedMessage,
+    sender: str,
+    sealer: Sealer | None = None,
+    persistent: bool = True,
 ) -> bool:
     """Publish a session message to ``queue`` on the channel ``ch``, sealed if there is a
-    ``sealer``; on a confirming channel, False if no queue takes it (its owner left) or the
-    broker refused it (the hub's does not wait to know: True)."""
+    ``sealer``, kept on the broker's disk if ``persistent``; on a confirming channel, False
+    if no queue takes it (its owner left) or the broker refused it (the hub's does not wait
+    to know: True)."""
     try:
-        ch.basic_publish("", queue, one_chunk(enc, sealer), props(sender), mandatory=True)
+        ch.basic_publish(
+            "", queue, one_chunk(enc, sealer), props(sender, persistent), mandatory=True
+        )
         return True
     except (px.UnroutableError, px.NackError) as exc:
         log.debug("amqp: a session message to %r not taken: %r", queue, exc)

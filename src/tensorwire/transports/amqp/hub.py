@@ -94,6 +94,7 @@ class AmqpHub(BrokerHub[_Peer]):
         self.url = address.url_with(self.prefix, address.chunk if chunk is None else self.chunk)
         self._where = address.where
         self.connection_max = address.connection_max
+        self._persistent = address.persistent
         self._uplink = f"{self.prefix}.up"
         self._fanout = f"{self.prefix}.all"
         self._queue_prefix = f"{self.prefix}.c."
@@ -111,7 +112,7 @@ class AmqpHub(BrokerHub[_Peer]):
             on_back=self._medium_back,
             on_gone=self._medium_gone,
         )
-        self._pub = Publisher(self._consumer, HUB)  # on the same connection
+        self._pub = Publisher(self._consumer, HUB, address.persistent)  # on the same connection
         self._consumer.start()
 
     # -- consumer thread --------------------------------------------------------------------
@@ -254,10 +255,14 @@ class AmqpHub(BrokerHub[_Peer]):
                 raise SessionRefused(f"hello: queue {asked!r} is not one of this hub's for it")
         except SessionRefused as exc:
             if queue is not None:
-                say(self._control, queue, refusal(exc, meta.get("session")), HUB)
+                self._say(queue, refusal(exc, meta.get("session")))
             self._refused(sender, exc)
             return
         self._hellos[sender] = _Hello(_Peer(session, hello_bytes, queue=queue))
+
+    def _say(self, queue: str, enc: Any, sealer: Any = None) -> None:
+        """A session message to ``queue``, unconfirmed (see :meth:`_answer_hellos`)."""
+        say(self._control, queue, enc, HUB, sealer, self._persistent)
 
     def _answer_hellos(self) -> None:
         """Answer the hellos read since the last call: bind their queues to the fanout (one
@@ -273,7 +278,7 @@ class AmqpHub(BrokerHub[_Peer]):
             peer = h.peer
             if h.again:
                 if ok:
-                    say(self._control, peer.queue, peer.session.welcome(), HUB, h.sealer)
+                    self._say(peer.queue, peer.session.welcome(), h.sealer)
                 continue
             if not ok:
                 log.info("amqp: %r's queue vanished before it joined", sender)
@@ -292,7 +297,7 @@ class AmqpHub(BrokerHub[_Peer]):
                 session=peer.session,
                 max_message_bytes=hello.max_message_bytes,
             )
-            say(self._control, peer.queue, peer.session.welcome(), HUB)
+            self._say(peer.queue, peer.session.welcome())
 
     def _forget(self, client_id: str, peer: _Peer, reason: str) -> bool:
         """:meth:`BrokerHub._forget`; the queue leaves the fanout (unconsumed and unbound, the

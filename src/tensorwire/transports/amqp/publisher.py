@@ -33,9 +33,9 @@ class Publisher:
     connection's go one after another (:attr:`lock`); the connection's own thread (a callback)
     publishes at once, between their chunks."""
 
-    def __init__(self, consumer: Consumer | None, sender: str) -> None:
+    def __init__(self, consumer: Consumer | None, sender: str, persistent: bool = True) -> None:
         self._consumer = consumer
-        self._props = props(sender)
+        self._props = props(sender, persistent)
         self.lock = threading.Lock()
         self._ch: Any = None
         self._ch_conn: pika.BlockingConnection | None = None  # the connection _ch is on
@@ -145,8 +145,8 @@ class Publisher:
 class LinkPublisher(Publisher):
     """:class:`Publisher` of a device's :class:`~.link.Link`, on the process's I/O thread."""
 
-    def __init__(self, link: Link, sender: str) -> None:
-        super().__init__(None, sender)
+    def __init__(self, link: Link, sender: str, persistent: bool = True) -> None:
+        super().__init__(None, sender, persistent)
         self._link = link
 
     def run(self, op: Any, deadline: float | None) -> Any:

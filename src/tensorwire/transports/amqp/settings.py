@@ -51,7 +51,7 @@ _PIKA_DEFAULTS = {
     "stack_timeout": HANDSHAKE_TIMEOUT,
 }
 MAX_NAME = 255  # bytes: AMQP short strings (queue and exchange names)
-_OUR_QUERY = ("prefix", "chunk", "connection_max")
+_OUR_QUERY = ("prefix", "chunk", "connection_max", "persistent")
 # pika's URL options, but ssl_options: TLS is tensorwire's tls= (or amqps://, ?tls=1&ca=...)
 _PIKA_QUERY = tuple(
     sorted(
@@ -89,6 +89,10 @@ class AmqpAddress:
     most connections the broker takes (``None``: not known; a private broker's URL says).
     :attr:`params` has tensorwire's ``heartbeat``, ``socket_timeout`` and ``stack_timeout``
     unless the URL sets them.
+    ``persistent`` (``?persistent=0``: False) says whether data messages are kept on the
+    broker's disk until consumed (AMQP delivery mode 2, the default) or in its memory only
+    (mode 1: a broker restart loses what its queues held, at about half its CPU; see
+    ``docs/transports/amqp.md``); a hub hands its choice to its clients in :attr:`url`.
     ``tls`` (or an ``amqps://`` URL, with the system's CAs) makes the connection TLS: pika's
     ``SSLOptions`` with ``tls.client_context()``, checking the broker's certificate for
     ``tls.server_name`` or the URL's host, on port :data:`DEFAULT_TLS_PORT` unless the URL names
@@ -137,6 +141,7 @@ class AmqpAddress:
             )
         self.chunk = parse_chunk_size(ours["chunk"]) if "chunk" in ours else None
         self.connection_max = parse_connection_max(shown, ours.get("connection_max"))
+        self.persistent = parse_persistent(shown, ours.get("persistent", "1"))
 
     def url_with(self, prefix: str, chunk: int | None) -> str:
         """The URL again, with ``prefix`` (and ``chunk`` if set) for clients to connect to."""
@@ -146,12 +151,21 @@ class AmqpAddress:
             query.append(("chunk", str(chunk)))
         if self.connection_max is not None:
             query.append(("connection_max", str(self.connection_max)))
+        if not self.persistent:
+            query.append(("persistent", "0"))
         return urlunsplit(parts._replace(query=urlencode(query)))
 
     @property
     def where(self) -> str:
         over = " over TLS" if self.tls is not None else ""
         return f"{self.params.host}:{self.params.port} (vhost {self.params.virtual_host!r}){over}"
+
+
+def parse_persistent(shown: str, text: str) -> bool:
+    """``persistent=``: 1 (the broker keeps data messages on disk) or 0 (in memory only)."""
+    if text not in ("0", "1"):
+        raise TransportError(f"{shown!r}: persistent={text!r}: give 1 (on disk) or 0 (in memory)")
+    return text == "1"
 
 
 def parse_chunk_size(text: str | int) -> int:
