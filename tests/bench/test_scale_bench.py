@@ -62,6 +62,20 @@ def test_client_processes_hold_at_most_a_hundred_clients_each_unless_told():
         2, 4, 4, 5, 20, 50, 64
     ]  # fmt: skip
     assert client_procs(2000, 4) == 4 and client_procs(3, 8) == 3
+    # one I/O thread per process: four processes at every count, unless told
+    assert [client_procs(n, transport="mqtt") for n in (2, 100, 2000, 5000)] == [2, 4, 4, 4]
+    assert client_procs(2000, transport="amqp?persistent=0") == 4
+    assert client_procs(2000, 20, transport="amqp") == 20
+
+
+def test_a_transports_url_options_reach_its_hub(tmp_path: Path):
+    """``tcp?frobnicate=1``: the hub's URL has the option, which tcp refuses by name."""
+    done = _bench(
+        "--transports", "tcp?frobnicate=1", "--clients", "2", "--out", str(tmp_path / "r")
+    )  # fmt: skip
+    assert done.returncode == 1 and "unknown option(s) frobnicate" in done.stderr, done.stderr
+    refused = _bench("--transports", "nope?x=1", "--clients", "2")
+    assert refused.returncode != 0 and "unknown transport" in refused.stderr
 
 
 def test_cpu_seconds_counts_a_busy_child_and_not_one_that_ended():

@@ -35,7 +35,7 @@ def floor_case(
     """One run at ``n`` clients: a row of the table."""
     with MosquittoBroker(devices=n) as broker:
         assert broker.pid is not None
-        procs, first, spawned = client_procs(n), 0, []
+        procs, first, spawned = client_procs(n, transport="mqtt"), 0, []
         share, extra = divmod(n, procs)
         try:
             for p in range(procs):

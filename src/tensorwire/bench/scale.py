@@ -2,7 +2,10 @@
 
 For each transport and each client count N: a hub in this process; N clients held by
 client processes, a thread each (``tensorwire.bench.scale_clients``): ``procs`` of them, or
-by default enough that none holds more than :data:`CLIENTS_PER_PROC`. Timed here:
+by default :data:`PROCS` for a transport whose clients in a process share one I/O thread
+(:data:`ONE_LOOP`) and enough that none holds more than :data:`CLIENTS_PER_PROC` for the
+others. A transport name may carry URL options for its hub (``amqp?persistent=0``). Timed
+here:
 
 - ``join_s``: from starting the client processes until the hub counts N members;
 - ``broadcast_s``: ``hub.broadcast`` of ``broadcast_bytes`` of float32 to all N;
@@ -32,6 +35,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import parse_qsl
 
 import numpy as np
 
@@ -40,6 +44,7 @@ from tensorwire.bench.progress import progress_bar
 from tensorwire.errors import TransportError
 from tensorwire.transports.local import local_hub_url
 from tensorwire.transports.registry import get_transport
+from tensorwire.transports.url import with_option
 
 CLIENTS = (10, 100, 1000)
 """Client counts by default (``--clients`` goes to 5,000)."""
@@ -54,6 +59,13 @@ every client at once (shm's does: its bytes are already there) wakes all of a pr
 threads together, and they queue for its interpreter lock: measured at 1,000 shm clients,
 4 processes of 250 spent 10 s of CPU (mostly futex waits, and the kernel's task switches) on
 what 20 processes of 50 did in 1.2 s. That is the test harness's cost, not the hub's."""
+ONE_LOOP = frozenset({"mqtt", "amqp"})
+"""Transports whose channels in one process share one I/O thread, so that more client
+processes only add task switches. Measured at 2,000 clients (medians of 3): mqtt's clients
+spent 9.6 s of CPU in 4 processes and 12.9 s in 20 (19 s in 64, one run); with amqp's in 4
+instead of 20, RabbitMQ spent 7.3 ms of CPU per join instead of 9.5 (fewer at once). They get
+:data:`PROCS` processes at every count, as the probe of issue #27 did. quic's channels share
+a loop too, but its joins took 12 ms per client in 4 processes against 7 in 20."""
 MAX_PROCS = 64
 TIMEOUT = 300.0
 """Seconds one case (a transport at one N) may take in all."""
@@ -86,15 +98,22 @@ def usage() -> dict[str, int]:
 @contextlib.contextmanager
 def _private_hub_url(transport: str, devices: int) -> Iterator[tuple[str, int | None]]:
     """A hub URL on loopback, and None; a broker transport's on a private broker of its own,
-    sized for ``devices``, and that broker's process id."""
-    entry = get_transport(transport)
-    broker = entry.broker_kind()
+    sized for ``devices``, and that broker's process id. ``transport`` may end in URL options
+    (``amqp?persistent=0``), added to the URL."""
+    name, _, query = transport.partition("?")
+    broker = get_transport(name).broker_kind()
     if broker is None:
-        with local_hub_url(transport) as url:
-            yield url, None
+        with local_hub_url(name) as url:
+            yield _with_options(url, query), None
         return
     with broker.load("server")(devices=devices) as server:
-        yield server.url(f"tw-scale-{os.getpid()}"), server.pid
+        yield _with_options(server.url(f"tw-scale-{os.getpid()}"), query), server.pid
+
+
+def _with_options(url: str, query: str) -> str:
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        url = with_option(url, name, value)
+    return url
 
 
 def with_descendants(pid: int) -> list[int]:
@@ -117,11 +136,14 @@ def with_descendants(pid: int) -> list[int]:
     return found
 
 
-def client_procs(n: int, procs: int | None = None) -> int:
-    """How many client processes hold ``n`` clients: ``procs`` if given, else enough that
-    each holds at most :data:`CLIENTS_PER_PROC` (at least :data:`PROCS`, at most
-    :data:`MAX_PROCS`); never more than ``n``."""
-    if procs is None:
+def client_procs(n: int, procs: int | None = None, transport: str = "") -> int:
+    """How many client processes hold ``n`` clients of ``transport``: ``procs`` if given, else
+    :data:`PROCS` for one in :data:`ONE_LOOP`, else enough that each holds at most
+    :data:`CLIENTS_PER_PROC` (at least :data:`PROCS`, at most :data:`MAX_PROCS`); never more
+    than ``n``."""
+    if procs is None and transport.partition("?")[0] in ONE_LOOP:
+        procs = PROCS
+    elif procs is None:
         procs = min(MAX_PROCS, max(PROCS, -(-n // CLIENTS_PER_PROC)))
     return max(1, min(procs, n))
 
@@ -209,7 +231,7 @@ def scale_case(
     with _private_hub_url(transport, n) as (url, broker), tensorwire.serve(url, codec=None) as hub:
         brokers = [] if broker is None else with_descendants(broker)
         before = usage()
-        procs_ = _spawn(hub.url, n, client_procs(n, procs), reply_bytes, timeout)
+        procs_ = _spawn(hub.url, n, client_procs(n, procs, transport), reply_bytes, timeout)
         pids = [p.pid for p in procs_]
         t2, gathered = 0.0, 0
         try:

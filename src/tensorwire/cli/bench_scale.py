@@ -52,7 +52,11 @@ LEGEND = (
 
 def bench_scale_cmd(
     transports: Annotated[
-        str, typer.Option(help="Comma-separated transports (tcp, zmq, udp, quic, ...).")
+        str,
+        typer.Option(
+            help="Comma-separated transports (tcp, zmq, udp, quic, ...), each with URL options "
+            "for its hub if wanted (amqp?persistent=0)."
+        ),
     ] = "tcp,zmq,udp,quic,flight,mqtt",
     clients: Annotated[
         str, typer.Option(help="Comma-separated client counts, 1 to 5000.")
@@ -62,8 +66,9 @@ def bench_scale_cmd(
         typer.Option(
             min=1,
             max=64,
-            help="Client processes holding the clients (default: enough that none holds over "
-            "100, at least 4).",
+            help="Client processes holding the clients (default: 4 for mqtt and amqp, whose "
+            "clients in a process share one I/O thread; else enough that none holds over 100, "
+            "at least 4).",
         ),
     ] = None,
     broadcast_kib: Annotated[int, typer.Option(min=1, help="Broadcast size, KiB.")] = 1024,
@@ -88,7 +93,7 @@ def bench_scale_cmd(
 
     names = split_list(transports)
     known = transport_names()
-    unknown = [t for t in names if t not in known]
+    unknown = [t for t in names if t.partition("?")[0] not in known]
     if unknown:
         raise typer.BadParameter(
             f"unknown transport(s) {', '.join(unknown)}; known: {', '.join(known)}"
