@@ -43,6 +43,7 @@ from tensorwire.transports.amqp.settings import (
 )
 from tensorwire.transports.base import HubOptions, deadline_after
 from tensorwire.transports.broker import BrokerHub, BrokerPeer, lone_chunk, unsealed
+from tensorwire.transports.security import Sealer
 from tensorwire.transports.session import HELLO_LIMITS, Closed, Data, HubSession, Ignored, bye
 from tensorwire.wire import CHUNK_HEADER_SIZE, EncodedMessage, Message, decode_message, parse_chunk
 
@@ -260,7 +261,7 @@ class AmqpHub(BrokerHub[_Peer]):
             return
         self._hellos[sender] = _Hello(_Peer(session, hello_bytes, queue=queue))
 
-    def _say(self, queue: str, enc: Any, sealer: Any = None) -> None:
+    def _say(self, queue: str, enc: EncodedMessage, sealer: Sealer | None = None) -> None:
         """A session message to ``queue``, unconfirmed (see :meth:`_answer_hellos`)."""
         say(self._control, queue, enc, HUB, sealer, self._persistent)
 
