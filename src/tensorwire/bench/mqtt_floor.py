@@ -20,7 +20,7 @@ from typing import Any
 
 from tensorwire._children import close_and_reap
 from tensorwire.bench.mqtt_floor_clients import DOWN, UP, PacketReader, dial
-from tensorwire.bench.scale import client_procs, cpu_seconds, raise_fd_limit
+from tensorwire.bench.scale import PROCS, client_procs, cpu_seconds, raise_fd_limit
 from tensorwire.bench.scale_summary import median_rows
 from tensorwire.bench.tables import print_table
 from tensorwire.transports.brokers.mosquitto import MosquittoBroker
@@ -35,7 +35,7 @@ def floor_case(
     """One run at ``n`` clients: a row of the table."""
     with MosquittoBroker(devices=n) as broker:
         assert broker.pid is not None
-        procs, first, spawned = client_procs(n, transport="mqtt"), 0, []
+        procs, first, spawned = client_procs(n, PROCS), 0, []  # as bench scale holds mqtt clients
         share, extra = divmod(n, procs)
         try:
             for p in range(procs):

@@ -2,10 +2,9 @@
 
 For each transport and each client count N: a hub in this process; N clients held by
 client processes, a thread each (``tensorwire.bench.scale_clients``): ``procs`` of them, or
-by default :data:`PROCS` for a transport whose clients in a process share one I/O thread
-(:data:`ONE_LOOP`) and enough that none holds more than :data:`CLIENTS_PER_PROC` for the
-others. A transport name may carry URL options for its hub (``amqp?persistent=0``). Timed
-here:
+by default the transport's ``scale_procs`` (4 where a process's clients share one I/O
+thread) or enough that none holds more than :data:`CLIENTS_PER_PROC`. A transport name may
+carry URL options for its hub (``amqp?persistent=0``). Timed here:
 
 - ``join_s``: from starting the client processes until the hub counts N members;
 - ``broadcast_s``: ``hub.broadcast`` of ``broadcast_bytes`` of float32 to all N;
@@ -59,13 +58,6 @@ every client at once (shm's does: its bytes are already there) wakes all of a pr
 threads together, and they queue for its interpreter lock: measured at 1,000 shm clients,
 4 processes of 250 spent 10 s of CPU (mostly futex waits, and the kernel's task switches) on
 what 20 processes of 50 did in 1.2 s. That is the test harness's cost, not the hub's."""
-ONE_LOOP = frozenset({"mqtt", "amqp"})
-"""Transports whose channels in one process share one I/O thread, so that more client
-processes only add task switches. Measured at 2,000 clients (medians of 3): mqtt's clients
-spent 9.6 s of CPU in 4 processes and 12.9 s in 20 (19 s in 64, one run); with amqp's in 4
-instead of 20, RabbitMQ spent 7.3 ms of CPU per join instead of 9.5 (fewer at once). They get
-:data:`PROCS` processes at every count, as the probe of issue #27 did. quic's channels share
-a loop too, but its joins took 12 ms per client in 4 processes against 7 in 20."""
 MAX_PROCS = 64
 TIMEOUT = 300.0
 """Seconds one case (a transport at one N) may take in all."""
@@ -138,12 +130,15 @@ def with_descendants(pid: int) -> list[int]:
 
 def client_procs(n: int, procs: int | None = None, transport: str = "") -> int:
     """How many client processes hold ``n`` clients of ``transport``: ``procs`` if given, else
-    :data:`PROCS` for one in :data:`ONE_LOOP`, else enough that each holds at most
-    :data:`CLIENTS_PER_PROC` (at least :data:`PROCS`, at most :data:`MAX_PROCS`); never more
-    than ``n``."""
-    if procs is None and transport.partition("?")[0] in ONE_LOOP:
-        procs = PROCS
-    elif procs is None:
+    the transport's ``scale_procs`` (:class:`~tensorwire.transports.registry.TransportEntry`:
+    measured at 2,000 clients, medians of 3, mqtt's clients spent 9.6 s of CPU in 4 processes
+    and 12.9 s in 20, and with amqp's in 4 RabbitMQ spent 7.3 ms of CPU per join instead of
+    9.5; quic's channels share a loop too, but its joins took 12 ms per client in 4 processes
+    against 7 in 20), else enough that each holds at most :data:`CLIENTS_PER_PROC` (at least
+    :data:`PROCS`, at most :data:`MAX_PROCS`); never more than ``n``."""
+    if procs is None and transport:
+        procs = get_transport(transport.partition("?")[0]).scale_procs
+    if procs is None:
         procs = min(MAX_PROCS, max(PROCS, -(-n // CLIENTS_PER_PROC)))
     return max(1, min(procs, n))
 

@@ -122,6 +122,10 @@ class TransportEntry:
     over_tcp: bool = True
     """Its data crosses a link in TCP segments (False for udp and quic: datagrams, resent by
     the transport itself; shm: no link), so TCP's retransmission counters say something of it."""
+    scale_procs: int | None = None
+    """The client processes ``bench scale`` holds its clients in at every count (mqtt, amqp:
+    4, as one process's channels share one I/O thread there and more processes only add task
+    switches); None: enough that none holds over 100 (a thread each)."""
     tls_form_of: str | None = None
     """The transport whose TLS-only URL scheme this is (``mqtts`` of ``mqtt``): the lists of
     every transport that benchmarks and the CLI run leave it out; they secure the other one
@@ -387,6 +391,7 @@ register_transport(
     local_url="amqp://guest:guest@127.0.0.1:5672/%2F?prefix={tag}",
     baseline="pika",
     baseline_target=0.9,
+    scale_procs=4,
 )
 register_transport(
     "amqps",
@@ -396,6 +401,7 @@ register_transport(
     broker="rabbitmq",
     local_url="amqps://guest:guest@127.0.0.1:5671/%2F?prefix={tag}",
     tls_form_of="amqp",
+    scale_procs=4,
 )
 register_transport(
     "mqtt",
@@ -406,6 +412,7 @@ register_transport(
     local_url="mqtt://127.0.0.1:1883/{tag}",
     baseline="paho",
     baseline_target=0.9,
+    scale_procs=4,
 )
 register_transport(
     "mqtts",
@@ -415,6 +422,7 @@ register_transport(
     broker="mosquitto",
     local_url="mqtts://127.0.0.1:8883/{tag}",
     tls_form_of="mqtt",
+    scale_procs=4,
 )
 register_transport(
     "flight",
