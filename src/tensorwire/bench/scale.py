@@ -113,13 +113,9 @@ def with_descendants(pid: int) -> list[int]:
     starts), from ``/proc``."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
+        fields = _stat_fields(int(name)) if name.isdigit() else None
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -148,13 +144,20 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     one that has ended counts 0."""
     ticks = 0
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        fields = _stat_fields(pid)
+        if fields:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (state, ppid, ...), or None
+    if the process has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
 
 
 def _spawn(url: str, n: int, procs: int, reply_bytes: int, timeout: float) -> list[Any]:
