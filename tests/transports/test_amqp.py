@@ -36,6 +36,7 @@ from tensorwire.transports import amqp  # noqa: E402
 from tensorwire.transports.amqp import connection as amqp_connection  # noqa: E402
 from tensorwire.transports.amqp import hub as amqp_hub  # noqa: E402
 from tensorwire.transports.base import deadline_after  # noqa: E402
+from tensorwire.transports.url import with_option  # noqa: E402
 from tensorwire.wire import encode_message  # noqa: E402
 
 
@@ -158,8 +159,12 @@ def test_a_silent_broker_is_noticed_within_the_heartbeat_bounds_and_ridden_out(p
         assert _events(hub, "medium-back") and not _events(hub, "left")
 
 
-def test_an_outage_keeps_members_and_sends_wait_for_the_broker_within_their_deadline(private):
-    url = private.hub_url()
+@pytest.mark.parametrize("persistent", ["1", "0"])
+def test_an_outage_keeps_members_and_sends_wait_for_the_broker_within_their_deadline(
+    private, persistent
+):
+    """With transient messages too: nothing here sits in a queue across the restart."""
+    url = with_option(private.hub_url(), "persistent", persistent)
     with (
         tensorwire.serve(url, codec=None) as hub,
         tensorwire.connect(hub.url, client_id="a", codec=None) as a,
