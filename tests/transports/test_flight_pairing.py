@@ -19,6 +19,7 @@ import tensorwire  # noqa: E402
 from tensorwire.errors import SessionRefused  # noqa: E402
 from tensorwire.transports.flight import hub as flight_hub  # noqa: E402
 from tensorwire.transports.flight.batches import control_message  # noqa: E402
+from tensorwire.transports.flight.options import HANDSHAKE_TIMEOUT, UP  # noqa: E402
 from tensorwire.transports.flight.pairing import Pairing  # noqa: E402
 from tensorwire.transports.flight.peer import Peer  # noqa: E402
 from tensorwire.transports.session import HELLO_LIMITS, ClientSession, HubSession  # noqa: E402
@@ -44,6 +45,14 @@ def _downlink_only(url: str, client_id: str) -> tuple[flight.FlightClient, Any, 
     writer, down = client.do_exchange(hello)
     writer.done_writing()
     return client, writer, down
+
+
+def _uplink_only(url: str, session: str) -> tuple[flight.FlightClient, Any, Any]:
+    """A session's second call, for a session whose first never comes."""
+    client = flight.FlightClient(flight.Location.for_grpc_tcp(*host_port(url)))
+    up = flight.FlightDescriptor.for_path(*UP, session)
+    writer, call = client.do_exchange(up)
+    return client, writer, call
 
 
 def _far() -> float:
@@ -112,25 +121,33 @@ def test_a_waiting_call_gives_up_when_cancelled_or_at_its_deadline_and_close_wak
     assert pairing.downlink(_peer("c"), "h", 0.0) is None
 
 
-def test_downlinks_that_never_open_their_uplink_cannot_keep_a_device_out(monkeypatch):
-    """The hostile case end to end: a host holds the most downlinks it may, waiting for
-    uplinks that never come; a device still joins (the oldest is pushed out), at once."""
+def test_calls_that_never_pair_cannot_keep_a_device_out(monkeypatch):
+    """The hostile case end to end: a host holds the most downlinks and the most uplinks it
+    may, each waiting for a call that never comes; a device still joins at once. Its two
+    calls reach the hub in either order (gRPC runs each in a thread of its own): the first
+    pushes out the oldest waiting call of its kind, the second pairs with it."""
     monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES", 3)  # read as a hub is made
     monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES_PER_SOURCE", 3)
     with tensorwire.serve("flight://127.0.0.1:0") as hub:
         silent = [_downlink_only(hub.url, f"silent{i}") for i in range(3)]
         assert until(lambda: hub._handshakes == 3)
+        silent += [_uplink_only(hub.url, f"{i:032x}") for i in range(3)]
+        assert until(lambda: hub._handshakes == 6)
+        started = time.monotonic()
         with tensorwire.connect(hub.url, client_id="device", timeout=T):
             assert hub.wait_for(1, timeout=T) == ["device"]
+        # at once: well inside the 10 s a waiting call is given before it is ended
+        assert time.monotonic() - started < HANDSHAKE_TIMEOUT / 2
 
         def pushed() -> list:  # reported by the pushed call's own thread, once it wakes
             return [e for e in hub.events if "did not come while" in e.reason]
 
         assert until(lambda: len(pushed()) >= 1), hub.events
-        assert len(pushed()) == 1  # one made room; the device's calls paired at once
+        assert len(pushed()) == 1, hub.events  # one made room; the other paired at once
+        oldest = silent[0] if "silent0" in pushed()[0].reason else silent[3]
         with pytest.raises(StopIteration):
-            silent[0][2].read_chunk()  # the oldest's call was ended
-        for client, _, down in silent:
-            down.cancel()
+            oldest[2].read_chunk()  # the pushed call was ended
+        for client, _, call in silent:
+            call.cancel()
             client.close()
         assert until(lambda: hub._handshakes == 0)
