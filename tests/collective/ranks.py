@@ -3,6 +3,7 @@ its own (``rank_process.py``), whose JSON lines the test reads with a deadline."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -90,12 +91,26 @@ class Ranks:
     def until(self, rank: int, key: str, timeout: float = 120) -> tuple[dict[str, Any], list]:
         """Rank ``rank``'s lines up to the first with ``key``: (that line, those before)."""
         deadline = time.monotonic() + timeout
-        before = []
+        before: list[dict[str, Any]] = []
         while True:
-            line = self.next(rank, max(deadline - time.monotonic(), 0.01))
+            try:
+                line = self.next(rank, max(deadline - time.monotonic(), 0.01))
+            except (AssertionError, queue.Empty) as exc:  # say what it printed first
+                raise AssertionError(
+                    f"{exc or 'no line in time'}; before: {before}; the others: {self._unread()}"
+                ) from None
             if key in line:
                 return line, before
             before.append(line)
+
+    def _unread(self) -> dict[int, list[dict[str, Any] | None]]:
+        """Each rank's lines not read yet (None: it ended), for a failure's message."""
+        unread: dict[int, list[dict[str, Any] | None]] = {}
+        for rank, lines in enumerate(self.lines):
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    unread.setdefault(rank, []).append(lines.get_nowait())
+        return unread
 
     def tell(self, rank: int) -> None:
         """Let rank ``rank`` go on (its scenario waits for a line on stdin)."""
