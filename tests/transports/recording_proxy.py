@@ -39,10 +39,16 @@ class RecordingProxy:
                 return
             b = socket.create_connection(self.target, timeout=10)
             b.settimeout(None)
-            threading.Thread(target=self._pump, args=(a, b, "up"), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, "down"), daemon=True).start()
+            ended = threading.Semaphore(0)  # released by each direction as it ends
+            threading.Thread(target=self._pump, args=(a, b, "up", ended), daemon=True).start()
+            threading.Thread(target=self._pump, args=(b, a, "down", ended), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, direction: str, ended: threading.Semaphore
+    ) -> None:
+        """Forward ``src`` to ``dst`` until ``src`` ends, then pass its end on (half-close):
+        the other direction still forwards what its side sent before it closed (a peer's
+        last message must not be cut off because this side's write failed first)."""
         for _ in range(1_000_000):  # bounded: ends when either side closes
             try:
                 data = src.recv(1 << 16)
@@ -59,11 +65,17 @@ class RecordingProxy:
                 data[len(data) // 2] ^= 1
             try:
                 dst.sendall(data)
-            except OSError:
+            except OSError:  # dst's peer is gone: the other direction reads its end
                 break
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+        if ended.acquire(blocking=False):  # the other direction ended first: close both
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+        else:
+            ended.release()
 
     def close(self) -> None:
         self._server.close()
