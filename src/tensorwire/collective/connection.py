@@ -99,6 +99,7 @@ class RankConnection:
         self.said_bye = False  # the peer closed the group, done with what it had started
         self.fenced = 0  # elastic mode: the last fence the peer sent (see messages.FENCE)
         self._stopping = False
+        self._close_by: float | None = None  # set by end_sending: when to stop waiting
         self.op_reads = False  # the operation's thread reads this link (the reader steps aside)
         self.reader_parked = False  # ... and the reader has stepped aside
         self.reader_done = False  # the reader saw the link's end (or a bad message)
@@ -313,6 +314,8 @@ class RankConnection:
             elif msg.kind == messages.BYE:
                 self.gone = "left the group (closed it)"
                 self.said_bye = True
+                # nothing more for it: our end lets its close finish (see close())
+                shutdown(self.sock, socket.SHUT_WR)
             elif msg.kind == messages.FENCE:
                 self._fenced(int(meta.get("seq", 0)))
             state.notify()
@@ -339,18 +342,35 @@ class RankConnection:
 
     # -- closing ------------------------------------------------------------------------
 
-    def close(self, timeout: float) -> None:
-        """Say bye, or why the group failed (within ``timeout`` seconds), then close the
-        connection: a peer must not take this end for a failure of this rank's own."""
+    def end_sending(self, deadline: float) -> None:
+        """Say bye, or why the group failed (by ``deadline``), then shut this end's sending
+        side only: after a bye, the reader reads on until the peer ends its side too (it
+        does on reading the bye). A socket closed with bytes unread resets the connection,
+        and a reset can take from the peer what this rank sent last (its bye, or what a
+        barrier waits for), as a proxy between the two does."""
+        if self._close_by is not None:
+            return
+        self._close_by = deadline
         if self.gone is None:
             failure = self._state.failure
             last = messages.bye() if failure is None else abort_notice(failure)
-            self.post(last, time.monotonic() + timeout, control=True)
+            self.post(last, deadline, control=True)
+            if failure is not None:  # a failed group's peers may not end theirs soon
+                self._close_by = time.monotonic()
         with self._work:
             self._stopping = True
             self._work.notify()
             self._resume.notify()
-        self._threads[0].join(timeout)
+        self._threads[0].join(max(0.0, deadline - time.monotonic()))
+        shutdown(self.sock, socket.SHUT_WR)
+
+    def close(self, timeout: float) -> None:
+        """:meth:`end_sending` (unless done), wait for the peer's end until its deadline,
+        then close the connection: a peer must not take this end for a failure of this
+        rank's own."""
+        self.end_sending(time.monotonic() + timeout)
+        assert self._close_by is not None
+        self._threads[1].join(max(0.0, self._close_by - time.monotonic()))
         shutdown(self.sock)
         self.sock.close()
         wake(self._wake_w)

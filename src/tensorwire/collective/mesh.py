@@ -176,5 +176,9 @@ class Mesh:
         """Stop listening; say bye on every link and close it."""
         if self._listener is not None:
             self._listener.close()
-        for conn in list(self._state.connections.values()):
+        conns = list(self._state.connections.values())
+        deadline = time.monotonic() + timeout
+        for conn in conns:  # every link's last words first, then wait for their ends
+            conn.end_sending(deadline)
+        for conn in conns:
             conn.close(timeout)

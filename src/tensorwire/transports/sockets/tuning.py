@@ -12,7 +12,9 @@ def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def shutdown(sock: socket.socket) -> None:
-    """Shut both directions down: a thread blocked reading it returns. Never raises."""
+def shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
+    """Shut both directions down: a thread blocked reading it returns; or, ``how`` being
+    ``SHUT_WR``, only the sending one (the peer reads to an end, and can still be read).
+    Never raises."""
     with contextlib.suppress(OSError):  # already closed or never connected
-        sock.shutdown(socket.SHUT_RDWR)
+        sock.shutdown(how)
