@@ -4,6 +4,7 @@ waited for past the deadline; bad choices are refused before anything starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,8 +14,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tensorwire.bench.scale import _tallies, client_procs, cpu_seconds, with_descendants
+from tensorwire.bench import scale
+from tensorwire.bench.scale import client_procs, cpu_seconds, with_descendants
+from tensorwire.bench.scale_case import _tallies
 from tensorwire.bench.scale_summary import median_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transports"))
+from waiting import until
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ENV = os.environ | {"COLUMNS": "220", "PYTHONPATH": f"{SRC}{os.pathsep}"}
@@ -104,6 +110,33 @@ def test_a_client_process_that_dies_or_hangs_is_counted_by_the_deadline():
     assert time.monotonic() - t < 10  # the hung one is killed at the deadline
     assert tally["failed"] == 2 and "gave no tally" in tally["error"]
     assert hung.poll() is not None
+
+
+HUNG_CASE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1] + ".pid", "w").write(str(child.pid))
+time.sleep(600)  # a hub whose threads ran away: it never reports
+"""
+
+
+def test_a_case_that_runs_past_its_deadline_is_killed_with_its_clients(tmp_path, monkeypatch):
+    script = tmp_path / "hung_case.py"
+    script.write_text(HUNG_CASE)
+    monkeypatch.setattr(scale, "CASE", (str(script), str(tmp_path / "client")))
+    monkeypatch.setattr(scale, "GRACE_S", 1.0)
+    started = time.monotonic()
+    row = scale.scale_case("tcp", 3, timeout=1.0)
+    assert time.monotonic() - started < 20
+    assert "past its 1 s deadline" in row["error"] and "were killed" in row["error"], row
+    client = int((tmp_path / "client.pid").read_text())
+    assert until(lambda: not Path(f"/proc/{client}").exists() or _zombie(client))
+
+
+def _zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    return True
 
 
 def test_bad_choices_are_refused_before_anything_starts():

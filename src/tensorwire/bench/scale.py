@@ -1,6 +1,8 @@
 """``tensorwire bench scale``: one hub, many clients, on loopback, per transport.
 
-For each transport and each client count N: a hub in this process; N clients held by
+For each transport and each client count N: a hub in a process of its own
+(:mod:`tensorwire.bench.scale_case`, killed with its clients past the case's deadline); N
+clients held by
 client processes, a thread each (``tensorwire.bench.scale_clients``): ``procs`` of them, or
 by default the transport's ``scale_procs`` (4 where a process's clients share one I/O
 thread) or enough that none holds more than :data:`CLIENTS_PER_PROC`. A transport name may
@@ -9,12 +11,12 @@ carry URL options for its hub (``amqp?persistent=0``). Timed here:
 - ``join_s``: from starting the client processes until the hub counts N members;
 - ``broadcast_s``: ``hub.broadcast`` of ``broadcast_bytes`` of float32 to all N;
 - ``gather_s``: until the hub has received a ``reply_bytes`` reply from each;
-- ``hub_cpu_s``: this process's CPU time (every thread) over join + broadcast + gather;
+- ``hub_cpu_s``: the hub process's CPU time (every thread) over join + broadcast + gather;
 - ``clients_cpu_s``: the client processes' CPU time (all of them) over broadcast + gather;
 - a private broker's CPU time (its process and those it started): ``broker_join_cpu_ms``
   per client over the join, ``broker_cpu_s`` over broadcast + gather;
 - per client, with N clients joined, against the hub before any joined: ``rss_kb``,
-  ``threads`` and ``fds`` (from ``/proc/self``); and the hub's whole ``hub_threads``,
+  ``threads`` and ``fds`` (from its ``/proc/self``); and the hub's whole ``hub_threads``,
   ``hub_fds`` and ``hub_rss_mb`` then, with every client joined and idle.
 
 ``per_client_ms`` is (broadcast + gather) / N: flat as N grows when nothing grows faster
@@ -28,17 +30,13 @@ import contextlib
 import json
 import os
 import resource
-import select
+import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
-import numpy as np
-
-import tensorwire
 from tensorwire.bench.progress import progress_bar
 from tensorwire.errors import TransportError
 from tensorwire.transports.local import local_hub_url
@@ -61,8 +59,30 @@ what 20 processes of 50 did in 1.2 s. That is the test harness's cost, not the h
 MAX_PROCS = 64
 TIMEOUT = 300.0
 """Seconds one case (a transport at one N) may take in all."""
-ERROR_CHARS = 400
-"""A failed case's error is cut to this many characters in the table."""
+CASE = ("-m", "tensorwire.bench.scale_case")
+"""What runs a case (after the interpreter)."""
+GRACE_S = 30.0
+"""Seconds past its deadline a case's process may take to report before it is killed."""
+
+
+def usage(pid: int | str = "self") -> dict[str, int]:
+    """A process's (this one's by default) resident memory (KiB), threads and open file
+    descriptors; empty if it has gone."""
+    status = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            lines = f.readlines()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        status[key] = value.split()[0] if value.split() else "0"
+    return {
+        "rss_kb": int(status.get("VmRSS", 0)),
+        "threads": int(status.get("Threads", 0)),
+        "fds": fds,
+    }
 
 
 def raise_fd_limit() -> int:
@@ -71,20 +91,6 @@ def raise_fd_limit() -> int:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
-
-
-def usage() -> dict[str, int]:
-    """This process's resident memory (KiB), threads and open file descriptors."""
-    status = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            status[key] = value.split()[0] if value.split() else "0"
-    return {
-        "rss_kb": int(status.get("VmRSS", 0)),
-        "threads": int(status.get("Threads", 0)),
-        "fds": len(os.listdir("/proc/self/fd")),
-    }
 
 
 @contextlib.contextmanager
@@ -160,60 +166,6 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
-def _spawn(url: str, n: int, procs: int, reply_bytes: int, timeout: float) -> list[Any]:
-    share, extra = divmod(n, procs)
-    spawned, first = [], 0
-    for p in range(procs):
-        count = share + (1 if p < extra else 0)
-        if count == 0:
-            continue
-        argv = [sys.executable, "-m", "tensorwire.bench.scale_clients", url]
-        argv += [str(first), str(count), str(reply_bytes), str(timeout)]
-        spawned.append(
-            subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        )
-        first += count
-    return spawned
-
-
-def wait_line(stream: Any, deadline: float) -> str:
-    """The next line of ``stream`` (a pipe), stripped; TransportError past ``deadline``."""
-    ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
-    if not ready:
-        raise TransportError("a client process said nothing by the case's deadline")
-    return str(stream.readline()).strip()
-
-
-def _start(procs: Sequence[Any], deadline: float) -> None:
-    """Wait for every client process to be ready (imported), then start them all."""
-    for proc in procs:
-        ready = wait_line(proc.stdout, deadline)
-        if ready != "ready":
-            raise TransportError(f"client process {proc.pid} did not start: {ready!r}")
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-
-
-def _tallies(procs: Sequence[Any], deadline: float) -> dict[str, Any]:
-    total: dict[str, Any] = {"connected": 0, "replied": 0, "finished": 0, "failed": 0}
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            tally = json.loads(out.strip().splitlines()[-1])
-        except (subprocess.TimeoutExpired, ValueError, IndexError):
-            proc.kill()
-            proc.wait()
-            total["failed"] += 1
-            total.setdefault("error", f"client process {proc.pid} gave no tally")
-            continue
-        for key in ("connected", "replied", "finished", "failed"):
-            total[key] += int(tally.get(key, 0))
-        if "error" in tally:
-            total.setdefault("error", tally["error"])
-    return total
-
-
 def scale_case(
     transport: str,
     n: int,
@@ -223,66 +175,38 @@ def scale_case(
     reply_bytes: int = REPLY_BYTES,
     timeout: float = TIMEOUT,
 ) -> dict[str, Any]:
-    """One transport at ``n`` clients (see the module doc): a row of the table."""
-    deadline = time.monotonic() + timeout
+    """One transport at ``n`` clients (see the module doc): a row of the table.
+
+    The hub and its client processes run in a process group of their own
+    (:mod:`tensorwire.bench.scale_case`), which keeps the case's deadline itself and is
+    killed, all of it, if it is still running :data:`GRACE_S` past the deadline: a hub
+    whose threads run away (flight's did, to 23,000) cannot hold up the run."""
     row: dict[str, Any] = {"transport": transport, "clients": n}
-    with _private_hub_url(transport, n) as (url, broker), tensorwire.serve(url, codec=None) as hub:
-        brokers = [] if broker is None else with_descendants(broker)
-        before = usage()
-        procs_ = _spawn(hub.url, n, client_procs(n, procs, transport), reply_bytes, timeout)
-        pids = [p.pid for p in procs_]
-        t2, gathered = 0.0, 0
+    with _private_hub_url(transport, n) as (url, broker):
+        argv = [sys.executable, *CASE, url, transport, str(n)]
+        argv += [str(client_procs(n, procs, transport)), str(broadcast_bytes)]
+        argv += [str(reply_bytes), str(timeout), str(broker or 0)]
+        case = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            _start(procs_, deadline)
-            cpu0, broker_cpu0 = time.process_time(), cpu_seconds(brokers)
-            t0 = time.monotonic()
-            hub.wait_for(n, timeout=deadline - time.monotonic())
-            t1 = time.monotonic()
-            broker_cpu1 = cpu_seconds(brokers)
-            held = usage()
-            clients_cpu0 = cpu_seconds(pids)
-            weights = np.ones(broadcast_bytes // 4, np.float32)
-            hub.broadcast({"w": weights}, timeout=deadline - time.monotonic())
-            t2 = time.monotonic()
-            for gathered in range(n):  # noqa: B007 (named in the error below)
-                hub.recv(timeout=deadline - time.monotonic())
-            t3 = time.monotonic()
-            cpu = time.process_time() - cpu0
-            clients_cpu = cpu_seconds(pids) - clients_cpu0
-            broker_cpu3 = cpu_seconds(brokers)
-            hub.broadcast(meta={"done": True}, timeout=deadline - time.monotonic())
-        except TransportError as exc:  # its text may list thousands of client ids: cut short
-            row["error"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
-            if t2:  # the broadcast went out: say how far the gather got
-                row["error"] += f" (after {gathered} of {n} replies)"
-        finally:
-            tally = _tallies(procs_, deadline)
-    if "error" in row:
-        row["error"] += f" (clients: {tally})"
+            out, _ = case.communicate(timeout=timeout + GRACE_S)
+        except subprocess.TimeoutExpired:
+            threads = usage(case.pid).get("threads", 0)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(case.pid, signal.SIGKILL)  # the hub and its client processes
+            case.communicate()
+            row["error"] = (
+                f"the case ran {GRACE_S:.0f} s past its {timeout:.0f} s deadline: its hub "
+                f"({threads} threads) and client processes were killed"
+            )
+            return row
+    try:
+        fields = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        row["error"] = f"the case's process ended (exit code {case.returncode}) with no row"
         return row
-    row.update(
-        join_s=t1 - t0,
-        join_ms_per_client=1000 * (t1 - t0) / n,
-        broadcast_s=t2 - t1,
-        gather_s=t3 - t2,
-        per_client_ms=1000 * (t3 - t1) / n,
-        hub_cpu_s=cpu,
-        clients_cpu_s=clients_cpu,
-        client_procs=len(pids),
-        rss_kb_per_client=(held["rss_kb"] - before["rss_kb"]) / n,
-        threads_per_client=(held["threads"] - before["threads"]) / n,
-        fds_per_client=(held["fds"] - before["fds"]) / n,
-        hub_threads=held["threads"],
-        hub_fds=held["fds"],
-        hub_rss_mb=held["rss_kb"] / 1024,
-        clients_failed=tally["failed"],
-    )
-    if brokers:
-        row["broker_join_cpu_ms"] = 1000 * (broker_cpu1 - broker_cpu0) / n
-        row["broker_cpu_s"] = broker_cpu3 - broker_cpu1
-    if tally["failed"]:
-        row["clients_error"] = str(tally.get("error", ""))[:ERROR_CHARS]
-    return row
+    if "fatal" in fields:  # its hub could not start (a bad URL option, say): so would all
+        raise TransportError(fields["fatal"])
+    return row | fields
 
 
 def bench_scale(
