@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 import uuid
@@ -25,7 +26,8 @@ def dial(
 
     A refusal (:class:`SessionRefused`: wrong version, credential ...) and a host name no name
     server knows (:class:`UnknownHost`) are final and raised at once; any other ``OSError`` is
-    retried until ``timeout`` seconds have passed, saying so in the log ("cannot reach WHAT
+    retried, after a pause that doubles up to ``max_delay`` (each a random half to whole of
+    it), until ``timeout`` seconds have passed, saying so in the log ("cannot reach WHAT
     (why), retrying (n; giving up in S s)"), then
     :class:`TransportTimeout` names the last error.
     """
@@ -52,7 +54,9 @@ def dial(
             if attempt == 1 or attempt % 10 == 0:
                 until = "" if left is None else f"; giving up in {left:.0f} s"
                 log.info("cannot reach %s (%s), retrying (%d%s)", what, exc, attempt, until)
-        time.sleep(delay)
+        # jittered: peers that failed together (a hub or broker that went away, a channel
+        # many shared) do not all come back at the same instant, and again each round
+        time.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(delay * 2, max_delay)
 
 
