@@ -1,6 +1,6 @@
 """Dialling backs off between attempts, doubling up to a cap, each pause a random half to
-whole of its step: devices that lost their hub together (a restart, a shared gRPC channel
-closed) do not all dial again at the same instant, round after round."""
+whole of its step: devices that lost their hub together (a restart, a hub too busy to
+answer) do not all dial again at the same instant, round after round."""
 
 from __future__ import annotations
 
