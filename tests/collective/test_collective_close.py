@@ -100,7 +100,7 @@ def test_a_closing_rank_reads_its_chatty_peer_to_the_end_and_never_resets_it():
         seen, took = _close_against_a_chatty_peer()
         assert seen.get("bye"), seen
         assert "reset" not in str(seen.get("end")), seen  # a FIN: everything was read
-        assert took < 2.0, took  # the peer ended its side on the bye: no waiting
+        assert took < 4.0, took  # the peer ended its side on the bye: not the 5 s deadline
 
 
 def test_a_hung_peer_delays_the_close_by_its_deadline_only():
