@@ -207,3 +207,23 @@ def test_with_descendants_finds_a_grandchild_and_nothing_else():
         subprocess.run(["pkill", "-P", str(child.pid)], check=False)
         child.kill()
         child.wait()
+
+
+def test_the_figure_shows_at_least_a_decade_so_small_growth_looks_small():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tensorwire.bench.scale_figure import _at_least_a_decade
+
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.plot([100, 2000], [2.45, 3.27])
+    _at_least_a_decade(ax, [2.45, 3.27])  # 1.34x
+    low, high = ax.get_ylim()
+    assert high / low == pytest.approx(10.0) and low < 2.45 and high > 3.27
+    ax.set_ylim(0.5, 100.0)
+    _at_least_a_decade(ax, [1.0, 50.0])  # already more than a decade: left alone
+    assert ax.get_ylim() == (0.5, 100.0)
+    plt.close(fig)
