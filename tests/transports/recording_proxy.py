@@ -39,12 +39,12 @@ class RecordingProxy:
                 return
             b = socket.create_connection(self.target, timeout=10)
             b.settimeout(None)
-            ended = threading.Semaphore(0)  # released by each direction as it ends
+            ended: list[str] = []  # the directions that have ended (under self._lock)
             threading.Thread(target=self._pump, args=(a, b, "up", ended), daemon=True).start()
             threading.Thread(target=self._pump, args=(b, a, "down", ended), daemon=True).start()
 
     def _pump(
-        self, src: socket.socket, dst: socket.socket, direction: str, ended: threading.Semaphore
+        self, src: socket.socket, dst: socket.socket, direction: str, ended: list[str]
     ) -> None:
         """Forward ``src`` to ``dst`` until ``src`` ends, then pass its end on (half-close):
         the other direction still forwards what its side sent before it closed (a peer's
@@ -69,13 +69,14 @@ class RecordingProxy:
                 break
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
-        if ended.acquire(blocking=False):  # the other direction ended first: close both
+        with self._lock:
+            ended.append(direction)
+            both = len(ended) == 2
+        if both:  # the other direction ended first: close both sockets
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
-        else:
-            ended.release()
 
     def close(self) -> None:
         self._server.close()
