@@ -183,7 +183,7 @@ def scale_case(
     whose threads run away (flight's did, to 23,000) cannot hold up the run."""
     row: dict[str, Any] = {"transport": transport, "clients": n}
     with _private_hub_url(transport, n) as (url, broker):
-        argv = [sys.executable, *CASE, url, transport, str(n)]
+        argv = [sys.executable, *CASE, url, str(n)]
         argv += [str(client_procs(n, procs, transport)), str(broadcast_bytes)]
         argv += [str(reply_bytes), str(timeout), str(broker or 0)]
         case = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)

@@ -2,8 +2,8 @@
 its own: the hub, its client processes (:mod:`tensorwire.bench.scale_clients`), and what
 is timed and counted of them; the fields are printed as one JSON line.
 
-``python -m tensorwire.bench.scale_case URL TRANSPORT N PROCS BROADCAST_BYTES REPLY_BYTES
-TIMEOUT BROKER_PID``
+``python -m tensorwire.bench.scale_case URL N PROCS BROADCAST_BYTES REPLY_BYTES TIMEOUT
+BROKER_PID``
 
 The case keeps its own deadline; the bench kills this process's group (the hub and its
 clients) if it has not reported shortly after, so that a hub whose threads run away
@@ -159,11 +159,11 @@ def run_case(
 
 
 def main(argv: Sequence[str]) -> None:
-    """``URL TRANSPORT N PROCS BROADCAST_BYTES REPLY_BYTES TIMEOUT BROKER_PID``: print the
+    """``URL N PROCS BROADCAST_BYTES REPLY_BYTES TIMEOUT BROKER_PID``: print the
     case's fields as one JSON line (BROKER_PID 0: no broker), and end at once: the hub is
     closed and its clients have ended, and a library's finalizers at exit (pyarrow Flight's
     have hung) must not hold the bench."""
-    url, _transport, n, procs, broadcast, reply, timeout, broker = argv
+    url, n, procs, broadcast, reply, timeout, broker = argv
     raise_fd_limit()
     try:
         row = run_case(
