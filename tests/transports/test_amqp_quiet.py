@@ -5,6 +5,8 @@ random start, and its admin channel opens only when first used."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -99,3 +101,58 @@ def test_idle_clients_look_at_the_uplink_spread_out_and_open_channels_only_when_
         finally:
             for ch in chans:
                 ch.close()
+
+
+_HUB = """
+import sys, time
+import numpy as np
+import tensorwire
+hub = tensorwire.serve(sys.argv[1], codec=None)
+print(hub.url, flush=True)
+hub.wait_for(2, timeout=60)
+for _ in range(3000):  # 300 s at most; the test kills it after a few
+    hub.send("busy", {"v": np.zeros(4)}, timeout=60)
+    time.sleep(0.1)
+"""
+
+
+def test_a_client_that_hears_from_its_hub_does_not_look_and_still_sees_it_die(request, monkeypatch):
+    """A chunk from the hub in the last HUB_CHECK seconds stands for a look at the uplink (in
+    a round, 2,000 clients' looks were a fifth of the broker's work); once the hub stops
+    (SIGKILL: no goodbye), the looks come back and find it gone."""
+    from tensorwire.errors import PeerGone
+    from tensorwire.transports.amqp import channel as amqp_channel
+
+    monkeypatch.setattr(amqp_channel, "HUB_CHECK", 0.5)
+    monkeypatch.setattr(amqp_channel, "HUB_GRACE", 1.0)
+    url = SCHEME.private_broker(request).hub_url()
+    hub = subprocess.Popen([sys.executable, "-c", _HUB, url], stdout=subprocess.PIPE, text=True)
+    chans = []
+    try:
+        assert hub.stdout is not None
+        client_url = hub.stdout.readline().strip()
+        looks = {"busy": 0, "idle": 0}
+        for cid in looks:
+            ch = tensorwire.connect(client_url, client_id=cid, codec=None, timeout=T)
+            chans.append(ch)
+
+            def counted(ch=ch, look=ch._check_hub) -> None:
+                looks[ch.client_id] += 1
+                look()
+
+            ch._check_hub = counted
+        busy, _ = chans
+        assert busy.recv(timeout=T).n_tensors == 1  # the hub is sending
+        assert until(lambda: looks["idle"] >= 4, timeout=T)
+        assert looks["busy"] <= 1, looks  # the one it may have had before the first message
+        hub.kill()
+        hub.wait(timeout=T)
+        with pytest.raises(PeerGone, match="nobody consumed"):
+            for _ in range(5000):  # what the hub sent, then the news that it is gone
+                busy.recv(timeout=T)
+        assert looks["busy"] >= 2
+    finally:
+        hub.kill()
+        hub.wait(timeout=T)
+        for ch in chans:
+            ch.close()

@@ -265,9 +265,11 @@ def test_forged_session_messages_to_a_keyed_client_change_nothing(secured, reque
                 whole("bye", {}) + b"\x00" * 20 + b"TWMA",  # a trailer that proves nothing
             ]
             plain = SCHEME._node(request).plain_url()  # another user of the broker
+            heard = ch._heard_at  # when the hub last spoke: a forgery must not move it
             SCHEME._publish(plain, [("", ch._queue, "hub", body) for body in forged])
             assert until(lambda: ch.errors.total >= 2)
             assert all(isinstance(e, tensorwire.AuthenticationError) for _, e in ch.errors)
+            assert ch._heard_at == heard  # nor spare the client its looks at the hub's queue
             _round_trip(hub, ch)
             assert hub.clients == ["d1"] and ch._session.session == sid
         finally:

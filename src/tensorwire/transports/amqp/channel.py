@@ -112,6 +112,7 @@ class AmqpChannel(BrokerChannel):
         self._afresh = False  # asking in a new session: the hub no longer had ours
         self._hub_grace.clear("hub")
         self._next_hub_check = 0.0  # see _on_answer
+        self._heard_at = float("-inf")  # when the last chunk from the hub came (monotonic)
         self._hello_wait = HELLO_RETRY  # seconds the next hello waits for its answer
         self._begun = True
 
@@ -181,6 +182,7 @@ class AmqpChannel(BrokerChannel):
             if chunk is None:
                 return
         whole = self._inflow.feed(chunk, HUB)
+        self._heard_at = time.monotonic()  # the hub sent it: no need to look for a while
         if whole is None:
             return
         buf, first = whole
@@ -341,7 +343,10 @@ class AmqpChannel(BrokerChannel):
         joined = self._session.state is State.OPEN or self._afresh
         if joined and self._inbox.failed is None and now >= self._next_hub_check:
             self._next_hub_check = now + HUB_CHECK
-            self._check_hub()
+            # a chunk from the hub this recently says it is there: no look at its queue
+            # (2,000 clients in a round looked 200 times a second at the one busy queue)
+            if now - self._heard_at >= HUB_CHECK or "hub" in self._hub_grace:
+                self._check_hub()
         due = [HUB_CHECK if self._rehello_at is None else self._rehello_at - now]
         if joined and self._inbox.failed is None:  # not joined yet: no look is due
             due.append(self._next_hub_check - now)
