@@ -2,11 +2,11 @@
 
 For each transport and each client count N: a hub in a process of its own
 (:mod:`tensorwire.bench.scale_case`, killed with its clients past the case's deadline); N
-clients held by
-client processes, a thread each (``tensorwire.bench.scale_clients``): ``procs`` of them, or
-by default the transport's ``scale_procs`` (4 where a process's clients share one I/O
-thread) or enough that none holds more than :data:`CLIENTS_PER_PROC`. A transport name may
-carry URL options for its hub (``amqp?persistent=0``). Timed here:
+clients held by client processes, a thread each (``tensorwire.bench.scale_clients``):
+``procs`` of them, or by default the transport's ``scale_procs`` (4 where a process's
+clients share one I/O thread) or enough that none holds more than
+:data:`CLIENTS_PER_PROC`. A transport name may carry URL options for its hub
+(``amqp?persistent=0``). Timed there:
 
 - ``join_s``: from starting the client processes until the hub counts N members;
 - ``broadcast_s``: ``hub.broadcast`` of ``broadcast_bytes`` of float32 to all N;
