@@ -50,6 +50,10 @@ is read into one buffer of its own and decoded whole, its raw tensors views of t
 a few large reads and one decode instead of the phases' steps per tensor (a 128 KiB stream
 batch of four tensors took six reads). Bigger ones go through the phases, each piece hashed
 while cache-hot."""
+# A copy this big goes through numpy, which lets go of the interpreter lock while it copies
+# (and takes the page faults of a fresh destination): a memoryview's copy holds the lock, and
+# 100 threads of a process receiving at once then wait for each other's copies.
+UNLOCKED_COPY_BYTES = 64 << 10
 
 
 class MessageStream:
@@ -159,7 +163,13 @@ class MessageStream:
                     mv = mv[taken:]
                     continue
             k = min(len(self._dst) - self._pos, len(mv), self.max_read)  # hash while cache-hot
-            self._dst[self._pos : self._pos + k] = mv[:k]
+            if k < UNLOCKED_COPY_BYTES:
+                self._dst[self._pos : self._pos + k] = mv[:k]
+            else:  # numpy copies without the GIL: other threads run meanwhile
+                np.copyto(
+                    np.frombuffer(self._dst[self._pos : self._pos + k], np.uint8),
+                    np.frombuffer(mv[:k], np.uint8),
+                )
             mv = mv[k:]
             self.advance(k)
 
