@@ -21,6 +21,7 @@ zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (extra 'zmq')")
 
 from zmq_helpers import (  # noqa: E402
     T,
+    fake_welcome,
     fixture_ctx,  # noqa: F401  (a fixture: ctx)
     fixture_hub,  # noqa: F401  (a fixture: hub)
 )
@@ -34,7 +35,7 @@ from tensorwire.errors import (  # noqa: E402
     TruncatedMessage,
     WireError,
 )
-from tensorwire.transports.session import ClientSession, HubSession  # noqa: E402
+from tensorwire.transports.session import ClientSession  # noqa: E402
 from tensorwire.transports.zmq.hub import MAX_STRANGERS  # noqa: E402
 from tensorwire.transports.zmq.pieces import MORE, PIECE_BYTES, START, message_pieces  # noqa: E402
 from tensorwire.wire import decode_message, encode_message  # noqa: E402
@@ -131,15 +132,6 @@ def test_data_without_a_hello_is_answered_with_bye(hub, ctx):
     assert hub.clients == []
 
 
-def _fake_welcome(fake) -> None:
-    """Answer the first hello on the ROUTER ``fake`` as a hub would."""
-    assert fake.poll(T * 1000)
-    ident, *frames = fake.recv_multipart()
-    session = HubSession(decoders=[], max_message_bytes=1 << 30)
-    session.receive(decode_message(b"".join([frames[0][1:], *frames[1:]])))
-    fake.send_multipart([ident, START, session.welcome().to_bytes()])
-
-
 def test_a_hub_that_vanishes_without_bye_raises_peer_gone(ctx):
     fake = ctx.socket(zmq.ROUTER)
     port = fake.bind_to_random_port("tcp://127.0.0.1")
@@ -155,7 +147,7 @@ def test_a_hub_that_vanishes_without_bye_raises_peer_gone(ctx):
 
     t = threading.Thread(target=client)
     t.start()
-    _fake_welcome(fake)
+    fake_welcome(fake)
     until_inside(t, "_recv_message")
     fake.close(linger=0)
     t.join(T)
@@ -348,7 +340,7 @@ def test_channel_sends_time_out_when_the_hub_does_not_read(ctx):
     fake = ctx.socket(zmq.ROUTER)
     fake.rcvhwm = 4
     port = fake.bind_to_random_port("tcp://127.0.0.1")
-    t = threading.Thread(target=_fake_welcome, args=(fake,))
+    t = threading.Thread(target=fake_welcome, args=(fake,))
     t.start()
     ch = tensorwire.connect(f"zmq+tcp://127.0.0.1:{port}", client_id="c", timeout=T, codec=None)
     t.join(T)

@@ -1,5 +1,6 @@
-"""What the zmq+tcp:// test files share: the generous timeout, a hub on loopback, and a ZeroMQ
-context for raw sockets. Import it after ``pytest.importorskip("zmq")``."""
+"""What the zmq+tcp:// test files share: the generous timeout, a hub on loopback, a ZeroMQ
+context for raw sockets, and a fake hub's welcome. Import it after
+``pytest.importorskip("zmq")``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import pytest
 import zmq
 
 import tensorwire
+from tensorwire.transports.session import HubSession
+from tensorwire.transports.zmq.pieces import START
+from tensorwire.wire import decode_message
 
 T = 20.0
 
@@ -22,3 +26,12 @@ def fixture_ctx():
     c = zmq.Context()
     yield c
     c.destroy(linger=0)
+
+
+def fake_welcome(fake: zmq.Socket) -> None:
+    """Answer the first hello on the ROUTER ``fake`` as a hub would."""
+    assert fake.poll(T * 1000)
+    ident, *frames = fake.recv_multipart()
+    session = HubSession(decoders=[], max_message_bytes=1 << 30)
+    session.receive(decode_message(b"".join([frames[0][1:], *frames[1:]])))
+    fake.send_multipart([ident, START, session.welcome().to_bytes()])

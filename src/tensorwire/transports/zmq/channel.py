@@ -29,6 +29,7 @@ from tensorwire.transports.base import (
 from tensorwire.transports.session import State, Welcomed, bye
 from tensorwire.transports.sockets import drain, poller, wake, waker
 from tensorwire.transports.url import host_port
+from tensorwire.transports.zmq.context import process_context
 from tensorwire.transports.zmq.curve import (
     CURVE_HINT,
     check_curve_available,
@@ -64,6 +65,7 @@ log = logging.getLogger("tensorwire.transports.zmq")
 
 CONNECT_ATTEMPT_S = 1.0  # seconds a channel waits for the TCP connection before dial retries
 HANDSHAKE_RESETS = 3  # handshakes a hub closed in one dial: its encryption does not match
+CLOSE_GRACE_S = 2.0  # beyond the linger, how long a close waits for libzmq to end the socket
 
 
 class ZmqChannel(Channel):
@@ -131,11 +133,9 @@ class ZmqChannel(Channel):
     def _start(self, routing_id: bytes) -> None:
         """New sockets, connecting to the hub (in the background: libzmq retries)."""
         with self._owning:
-            # A context (a libzmq I/O thread) per connection: one shared by a process's
-            # channels measured slower at 100 channels per process, with another change
-            # (docs, section 12).
-            self._ctx = zmq.Context()
-            self._dealer = self._ctx.socket(zmq.DEALER)
+            # One context (a libzmq I/O thread and a reaper) for the process's channels; a
+            # close waits until libzmq has destroyed the socket (docs, section 12).
+            self._dealer = process_context().socket(zmq.DEALER)
             configure(self._dealer, self._host)
             self._dealer.routing_id = routing_id
             self._dealer.immediate = 1  # nothing queued for a connection that is not up
@@ -145,7 +145,9 @@ class ZmqChannel(Channel):
                 self._dealer.curve_serverkey = self._hub_key
                 self._dealer.curve_publickey = public
                 self._dealer.curve_secretkey = secret
-            self._monitor = monitor_socket(self._dealer, CHANNEL_MONITOR_EVENTS)
+            self._monitor = monitor_socket(
+                self._dealer, CHANNEL_MONITOR_EVENTS | zmq.EVENT_MONITOR_STOPPED
+            )
             self._wake_r, self._wake_w = waker()
             self._monitor_fd, self._wake_fd = self._monitor.fileno(), self._wake_r.fileno()
             self._poll_in = poller(self._dealer.fileno(), self._monitor_fd, self._wake_fd)
@@ -153,6 +155,7 @@ class ZmqChannel(Channel):
             self._reader = Reassembler(self.limits)
             self._pending.clear()
             self._closed = self._lost = self._welcomed = self._connected = False
+            self._socket_gone = False
             self._refusal = None
             # A socket's FD signals only after a read found it empty: arm the monitor's.
             self._read_monitor()
@@ -183,7 +186,9 @@ class ZmqChannel(Channel):
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_CONNECTED:
+            if event["event"] == zmq.EVENT_MONITOR_STOPPED:  # the socket is gone
+                self._socket_gone = True
+            elif event["event"] == zmq.EVENT_CONNECTED:
                 self._connected = True
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._lost = True
@@ -329,7 +334,7 @@ class ZmqChannel(Channel):
             while True:
                 if self._closed or self._lost or self._refusal is not None:
                     self._check_usable()
-                if dealer.get(EVENTS) & POLLIN:  # type: ignore[operator]  # readable
+                if dealer.get(EVENTS) & POLLIN:  # readable
                     return recv_frames(dealer)
                 if deadline is None:
                     ms = None
@@ -349,11 +354,19 @@ class ZmqChannel(Channel):
     # -- closing -----------------------------------------------------------------------
 
     def _teardown(self, linger_s: float) -> None:
+        """Close the DEALER and wait until libzmq has destroyed it: its connection's session
+        ended, a goodbye out or the linger over. libzmq 4.3.5 aborts the process when a
+        connection fails while a closed socket's session is still ending in the middle of a
+        multipart message (``session_base.cpp:233``); the context's own close (``term``)
+        waited for this, a shared context does not."""
         self._closed = True
-        self._dealer.disable_monitor()
-        self._monitor.close(linger=0)
         self._dealer.close(linger=int(linger_s * 1000))
-        self._ctx.term()  # returns once a goodbye is out, or after the linger
+        deadline = deadline_after(linger_s + CLOSE_GRACE_S)
+        while not self._socket_gone and self._monitor.poll(poll_ms(remaining(deadline))):
+            self._read_monitor()
+        if not self._socket_gone:
+            log.debug("zmq: the channel to %s closed without libzmq's word that it ended", self.url)
+        self._monitor.close(linger=0)
         self._wake_r.close()
         self._wake_w.close()
 
