@@ -50,9 +50,11 @@ connection closed, so a client leaves only once a read that began after its ``DI
 found the ROUTER empty: what it sent just before closing is delivered first. A channel's
 DEALER is used by whichever thread calls ``send``/``recv``, one at a time: a thread that needs
 it while a ``recv`` waits in ``poll`` wakes that ``recv`` through a socketpair, so a channel
-used from one thread pays no hand-off either. Each connection has its own ZeroMQ context (a
-libzmq I/O thread and a reaper): one shared by a process's channels was measured slower,
-together with another change (``docs/transports/zmq.md`` section 12). pyzmq's zero-copy
+used from one thread pays no hand-off either. A process's channels share one ZeroMQ context
+of tensorwire's own (``context.py``: one libzmq I/O thread and a reaper for all), and a
+channel's close waits until libzmq has destroyed its socket (``docs/transports/zmq.md``
+section 12: libzmq 4.3.5 can abort when a connection fails while a closed socket's session
+is ending mid-message). pyzmq's zero-copy
 collector is started once per process, under a lock, before its first zero-copy send:
 started by pyzmq in many threads' first sends at once, it can hang every tracked send of
 the process (``collector.py``).
