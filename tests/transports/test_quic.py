@@ -253,3 +253,24 @@ def test_auto_learns_the_link_from_acknowledgements_not_from_the_send_returning(
     assert rate <= 2 * data.nbytes / crossed, (rate, data.nbytes / crossed, returned)
     if returned < crossed / 10:  # the send returned early: timing it would overstate the link
         assert rate < data.nbytes / returned / 3, (rate, data.nbytes / returned)
+
+
+@pytest.mark.parametrize(
+    "data", [b"\0" * 900, b"\0" * 900 + b"\x01rest", b"\x06more", b"\0\0\x02" + b"\0" * 40, b""]
+)
+def test_padding_is_skipped_exactly_as_aioquic_skips_it(data):
+    """compat's PADDING handler (no Python step per byte) leaves the buffer where aioquic's
+    own does: at the first non-zero byte, or the end."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    from tensorwire.transports.quic.compat import TunedQuicConnection
+
+    conn = TunedQuicConnection(configuration=QuicConfiguration(is_client=True))
+    ours, theirs = Buffer(data=b"hdr" + data), Buffer(data=b"hdr" + data)
+    ours.seek(3)
+    theirs.seek(3)
+    conn._handle_padding_frame(None, 0, ours)
+    QuicConnection._handle_padding_frame(conn, None, 0, theirs)
+    assert ours.tell() == theirs.tell()

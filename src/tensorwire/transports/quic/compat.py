@@ -5,6 +5,8 @@ aioquic's public API lacks these, so they use its private attributes:
 
 - ``QuicConnection._serialize_transport_parameters`` and ``._max_datagram_size``: to announce
   the ``max_ack_delay`` we really keep (:class:`TunedQuicConnection`).
+- ``QuicConnection._handle_padding_frame`` and ``._quic_logger``: to skip a PADDING frame's
+  bytes at C speed (:class:`TunedQuicConnection`).
 - ``QuicConnection._initialize`` and ``.tls._request_client_certificate``: to ask a client
   for its certificate, mutual TLS (:class:`CertificateRequestingConnection`).
 - ``.tls._peer_certificate`` and ``._peer_certificate_chain``: the certificate the client
@@ -61,6 +63,16 @@ class TunedQuicConnection(QuicConnection):
         buf = Buffer(capacity=3 * self._max_datagram_size)
         push_quic_transport_parameters(buf, params)
         return buf.data
+
+    def _handle_padding_frame(self, context: Any, frame_type: int, buf: Buffer) -> None:
+        """aioquic's, without a Python loop step per padding byte: a client's Initial is
+        padded to 1,200 bytes, and that loop took a tenth of a hub's I/O thread while 2,000
+        devices joined (py-spy)."""
+        pos = buf.tell()
+        rest = buf.data_slice(pos, buf.capacity)
+        buf.seek(pos + len(rest) - len(rest.lstrip(b"\0")))
+        if self._quic_logger is not None:
+            context.quic_logger_frames.append(self._quic_logger.encode_padding_frame())
 
 
 class CertificateRequestingConnection(TunedQuicConnection):
