@@ -31,6 +31,21 @@ def byte_view(arr: np.ndarray, order: Order) -> memoryview:
     return arr.reshape(-1, order=order).view(np.uint8).data
 
 
+UNLOCKED_COPY_BYTES = 64 << 10
+"""A copy this big goes through numpy, which lets go of the interpreter lock while it copies
+(and takes the page faults of a fresh destination): a memoryview's copy holds the lock, and
+100 threads of a process receiving at once then waited for each other's copies."""
+
+
+def copy_bytes(dst: memoryview, src: Any) -> None:
+    """Copy the bytes of ``src`` into ``dst`` (flat byte views of the same length), the big
+    ones without the interpreter lock."""
+    if len(dst) < UNLOCKED_COPY_BYTES:
+        dst[:] = src
+    else:
+        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+
+
 def _as_byte_view(buf: Any) -> memoryview:
     mv = memoryview(buf)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")

@@ -32,7 +32,7 @@ from tensorwire.wire.decoder.tensor import (
     output_array,
     resolve_chain,
 )
-from tensorwire.wire.encoder import _as_byte_view, byte_view
+from tensorwire.wire.encoder import _as_byte_view, byte_view, copy_bytes
 from tensorwire.wire.format import (
     DIGEST_SIZE,
     PREFIX_SIZE,
@@ -139,7 +139,7 @@ def decode_partial(
                 if chain:
                     decode_chain(spec, chain, mv[a:b], byte_view(arr, spec.order), DEFAULT_POOL)
                 else:
-                    byte_view(arr, spec.order)[:] = mv[a:b]
+                    copy_bytes(byte_view(arr, spec.order), mv[a:b])
             loss[name] = 0.0
         elif not chain:
             arr = _previous_or_zeros(spec, out)

@@ -13,7 +13,7 @@ import xxhash
 
 from tensorwire.wire.decoder.message import Message
 from tensorwire.wire.decoder.tensor import output_array
-from tensorwire.wire.encoder import byte_view
+from tensorwire.wire.encoder import byte_view, copy_bytes
 from tensorwire.wire.format import (
     DIGEST_SIZE,
     FLAG_DIGESTS,
@@ -98,7 +98,8 @@ def decode_known(
             or not flags_.c_contiguous
         ):
             arr = np.empty(shape, dtype)
-        arr.data.cast("B")[:] = encoded  # C-ordered, of a buffer kind, not empty: its layout
+        # C-ordered, of a buffer kind, not empty: its layout
+        copy_bytes(arr.data.cast("B"), encoded)
         tensors[name] = arr
         offset = end
     if meta is None:
@@ -151,7 +152,7 @@ def _decode_first_known(
                 return None
             end += DIGEST_SIZE
         arr = output_array(spec, out)
-        byte_view(arr, spec.order)[:] = encoded
+        copy_bytes(byte_view(arr, spec.order), encoded)
         arrays.append(arr)
         offset = end
     if KnownLayout.allowed(table):

@@ -28,7 +28,7 @@ from tensorwire.wire.decoder.tensor import (
     resolve_chain,
 )
 from tensorwire.wire.decoder.whole import decode_whole
-from tensorwire.wire.encoder import _as_byte_view, byte_view
+from tensorwire.wire.encoder import _as_byte_view, byte_view, copy_bytes
 from tensorwire.wire.format import (
     DIGEST_SIZE,
     PREFIX_SIZE,
@@ -50,10 +50,6 @@ is read into one buffer of its own and decoded whole, its raw tensors views of t
 a few large reads and one decode instead of the phases' steps per tensor (a 128 KiB stream
 batch of four tensors took six reads). Bigger ones go through the phases, each piece hashed
 while cache-hot."""
-# A copy this big goes through numpy, which lets go of the interpreter lock while it copies
-# (and takes the page faults of a fresh destination): a memoryview's copy holds the lock, and
-# 100 threads of a process receiving at once then wait for each other's copies.
-UNLOCKED_COPY_BYTES = 64 << 10
 
 
 class MessageStream:
@@ -163,13 +159,7 @@ class MessageStream:
                     mv = mv[taken:]
                     continue
             k = min(len(self._dst) - self._pos, len(mv), self.max_read)  # hash while cache-hot
-            if k < UNLOCKED_COPY_BYTES:
-                self._dst[self._pos : self._pos + k] = mv[:k]
-            else:  # numpy copies without the GIL: other threads run meanwhile
-                np.copyto(
-                    np.frombuffer(self._dst[self._pos : self._pos + k], np.uint8),
-                    np.frombuffer(mv[:k], np.uint8),
-                )
+            copy_bytes(self._dst[self._pos : self._pos + k], mv[:k])
             mv = mv[k:]
             self.advance(k)
 
@@ -217,7 +207,7 @@ class MessageStream:
             self._prefix = prefix
             self._t_first = time.perf_counter()
             buf = np.empty(total, np.uint8).data
-            buf[: len(mv)] = mv
+            copy_bytes(buf[: len(mv)], mv)
             self._enter(_WHOLE, buf)
             self._pos = len(mv)
             return len(mv)

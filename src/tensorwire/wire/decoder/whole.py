@@ -19,7 +19,7 @@ from tensorwire.wire.decoder.tensor import (
     output_array,
     resolve_chain,
 )
-from tensorwire.wire.encoder import byte_view
+from tensorwire.wire.encoder import byte_view, copy_bytes
 from tensorwire.wire.format import (
     DIGEST_SIZE,
     PREFIX_SIZE,
@@ -99,7 +99,7 @@ def decode_whole(
             if chain:
                 decode_chain(spec, chain, encoded, byte_view(arr, spec.order), pool)
             else:
-                byte_view(arr, spec.order)[:] = encoded
+                copy_bytes(byte_view(arr, spec.order), encoded)
         arrays.append(arr)
     return Message(
         tensors=message_tensors(table, arrays),
