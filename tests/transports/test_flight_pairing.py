@@ -4,7 +4,7 @@ the oldest pushed out, so they cannot keep a device out."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from typing import Any
 
@@ -33,7 +33,7 @@ def _peer(client_id: str, tls_name: str | None = None) -> Peer:
     hello = ClientSession(client_id, decoders=[], max_message_bytes=1 << 20).hello()
     hub_session.receive(control_message(hello.to_bytes(), HELLO_LIMITS))
     assert hub_session.hello is not None
-    return Peer(hub_session.hello, hub_session, tls_name)
+    return Peer(hub_session.hello, hub_session, tls_name, post=lambda fn, *args: fn(*args))
 
 
 def _downlink_only(url: str, client_id: str) -> tuple[flight.FlightClient, Any, Any]:
@@ -81,7 +81,7 @@ def test_a_stolen_session_id_pairs_with_nothing_and_a_reused_one_is_refused():
         pairing.uplink(victim.hello.session, "h", "someone-else", 0.0)
     assert not victim.attached
     with pytest.raises(SessionRefused, match="already opening"):
-        pairing.downlink(Peer(victim.hello, victim.session, "v"), "h", 0.0)
+        pairing.downlink(Peer(victim.hello, victim.session, "v", post=victim.post), "h", 0.0)
     # an uplink under another certificate that came first is dropped when its downlink comes
     owner = _peer("o", tls_name="o")
     thief = pairing.uplink(owner.hello.session, "h", "someone-else", 0.0)
@@ -105,26 +105,33 @@ def test_calls_that_never_pair_push_out_only_the_oldest_of_their_own_host():
 
 
 def test_a_waiting_call_gives_up_when_cancelled_or_at_its_deadline_and_close_wakes_all():
-    pairing = Pairing(8, 8)
-    w = pairing.downlink(_peer("a"), "h", 0.0)
-    assert w is not None
-    assert not w.wait(time.monotonic() + 0.05, lambda: False, 0.01)  # the deadline
-    assert not w.wait(_far(), lambda: True, 0.01)  # cancelled
-    assert pairing.withdraw(False, w.peer.hello.session, w) and len(pairing) == 0
-    other = pairing.downlink(_peer("b"), "h", 0.0)
-    assert other is not None
-    waiting = threading.Thread(target=other.wait, args=(_far(), lambda: False, 1.0))
-    waiting.start()
-    pairing.close()
-    waiting.join(T)
-    assert not waiting.is_alive() and other.dropped == "the hub is closing"
-    assert pairing.downlink(_peer("c"), "h", 0.0) is None
+    async def run() -> None:
+        pairing = Pairing(8, 8)
+        w = pairing.downlink(_peer("a"), "h", 0.0)
+        assert w is not None
+        assert not await w.wait(0.05)  # the deadline
+        waiting = asyncio.create_task(w.wait(T))
+        await asyncio.sleep(0)
+        waiting.cancel()  # its client hung up
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert pairing.withdraw(False, w.peer.hello.session, w) and len(pairing) == 0
+        other = pairing.downlink(_peer("b"), "h", 0.0)
+        assert other is not None
+        waiting = asyncio.create_task(other.wait(T))
+        await asyncio.sleep(0)
+        pairing.close()
+        assert not await asyncio.wait_for(waiting, T)
+        assert other.dropped == "the hub is closing"
+        assert pairing.downlink(_peer("c"), "h", 0.0) is None
+
+    asyncio.run(run())
 
 
 def test_calls_that_never_pair_cannot_keep_a_device_out(monkeypatch):
     """The hostile case end to end: a host holds the most downlinks and the most uplinks it
     may, each waiting for a call that never comes; a device still joins at once. Its two
-    calls reach the hub in either order (gRPC runs each in a thread of its own): the first
+    calls reach the hub in either order (each is a task of the hub's loop): the first
     pushes out the oldest waiting call of its kind, the second pairs with it."""
     monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES", 3)  # read as a hub is made
     monkeypatch.setattr(flight_hub, "MAX_HANDSHAKES_PER_SOURCE", 3)

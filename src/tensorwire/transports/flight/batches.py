@@ -67,12 +67,12 @@ def bytes_of(batch: pa.RecordBatch) -> memoryview:
     return memoryview(data).cast("B")[int(bounds[0]) : int(bounds[-1])]
 
 
-def feed(stream: MessageStream, batch: pa.RecordBatch) -> Message | None:
-    """Feed a received batch's bytes to ``stream``, a cache-sized piece at a time; return the
-    message when the batch is one whole message of at most ``FEED_BYTES`` that starts where
-    the stream is at a message's start (decoded in one pass: :meth:`MessageStream.receive_one`),
-    else None (the stream's events say what the bytes completed)."""
-    data = bytes_of(batch)
+def feed(stream: MessageStream, data: memoryview) -> Message | None:
+    """Feed a received batch's bytes (:func:`bytes_of`) to ``stream``, a cache-sized piece at
+    a time; return the message when they are one whole message of at most ``FEED_BYTES``
+    that starts where the stream is at a message's start (decoded in one pass:
+    :meth:`MessageStream.receive_one`), else None (the stream's events say what the bytes
+    completed)."""
     if len(data) <= FEED_BYTES:
         return stream.receive_one(data)
     for start in range(0, len(data), FEED_BYTES):

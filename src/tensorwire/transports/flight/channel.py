@@ -15,7 +15,7 @@ import pyarrow.flight as flight
 from tensorwire.codecs import get_codec
 from tensorwire.errors import PeerGone, TransportError, TransportTimeout, WireError
 from tensorwire.transports.base import Channel, ChannelOptions, Inbox, remaining
-from tensorwire.transports.flight.batches import batch_of, control_message, feed, pieces
+from tensorwire.transports.flight.batches import batch_of, bytes_of, control_message, feed, pieces
 from tensorwire.transports.flight.options import (
     BYE_TIMEOUT,
     FLIGHT_ERRORS,
@@ -191,7 +191,7 @@ class FlightChannel(Channel):
                 self._drop()
                 raise
             try:
-                whole = feed(s.stream, batch)
+                whole = feed(s.stream, bytes_of(batch))
             except WireError:
                 self._drop()  # framing is lost with the bytes of a bad batch
                 raise

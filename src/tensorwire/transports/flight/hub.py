@@ -1,18 +1,20 @@
-"""The flight:// hub: a Flight server whose sessions are each two ``DoExchange`` calls; a
-downlink thread per session writes its queued jobs, an uplink thread reads and delivers."""
+"""The flight:// hub: a Flight server whose sessions are each two ``DoExchange`` calls, both
+coroutines on the server's event loop: the downlink writes the session's queued jobs, the
+uplink reads and delivers."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import ClassVar
 
-import pyarrow as pa
-import pyarrow.flight as flight
+import grpc
+import grpc.aio
 
 from tensorwire.codecs import get_codec
 from tensorwire.errors import (
@@ -23,21 +25,21 @@ from tensorwire.errors import (
     TransportTimeout,
     WireError,
 )
-from tensorwire.transports.base import Hub, HubOptions, deadline_after, remaining
-from tensorwire.transports.flight.batches import batch_of, control_message, feed, pieces
+from tensorwire.transports.base import Hub, HubOptions, remaining
+from tensorwire.transports.flight import frames
+from tensorwire.transports.flight.batches import control_message, feed
+from tensorwire.transports.flight.frames import FlightData
 from tensorwire.transports.flight.options import (
-    FLIGHT_ERRORS,
+    BYE_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     MAX_HANDSHAKES,
     MAX_HANDSHAKES_PER_SOURCE,
-    POLL_S,
-    SCHEMA,
     SHUTDOWN_TIMEOUT,
+    UP,
     FlightHubOptions,
-    location,
 )
 from tensorwire.transports.flight.pairing import Pairing, Waiter
-from tensorwire.transports.flight.peer import Job, Peer
+from tensorwire.transports.flight.peer import Frames, Job, Peer
 from tensorwire.transports.flight.server import FlightServer, caller
 from tensorwire.transports.flight.tls import certificate_name, server_tls
 from tensorwire.transports.session import HELLO_LIMITS, HubSession
@@ -46,12 +48,18 @@ from tensorwire.transports.url import host_port, query_options
 from tensorwire.wire import EncodedMessage, Message, MessageStream
 
 log = logging.getLogger("tensorwire.transports.flight")
+CALL_ERRORS = (grpc.RpcError, grpc.aio.AioRpcError, OSError)
+"""What a call's read or write raises when the call failed (other than being cancelled)."""
+ENDED, BROKE = "ended its stream", "its connection broke"  # why an uplink ended
 
 
 class FlightHub(Hub):
     """Hub serving Flight on ``flight://host:port`` (port 0 picks a free one; see :attr:`url`),
     with :class:`FlightHubOptions`. With ``tls=`` it serves gRPC over TLS only (mutual when
     ``tls.ca`` is set), never plaintext.
+
+    Its calls are coroutines on one event loop (:class:`FlightServer`): a session costs no
+    thread, only its two calls' state.
     """
 
     protocol = "flight"
@@ -62,7 +70,7 @@ class FlightHub(Hub):
         super().__init__(url, options)
         query_options(url, ())
         host, port = host_port(url, default_port=0)
-        tls = {} if self.tls is None else server_tls(self.tls)
+        credentials = None if self.tls is None else server_tls(self.tls)
         self._batch_bytes = options.batch_bytes
         self._peers: dict[str, Peer] = {}  # members, by client id
         self._pairing = Pairing(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE)
@@ -71,43 +79,66 @@ class FlightHub(Hub):
         self._sessions = threading.Lock()  # guards the above and _closing
         self._closing = False
         try:
-            self._server = FlightServer(self, location(host, port, self.tls), **tls)
-        except (OSError, pa.ArrowException) as exc:  # gRPC's says only "did not start"
+            self._server = FlightServer(host, port, self._exchange, credentials)
+        except (OSError, RuntimeError) as exc:  # gRPC's says only "Failed to bind"
             raise cannot_serve(url, tcp_bind_problem(host, port) or exc) from None
         self.url = f"flight://{host}:{self._server.port}"
 
-    # -- a session's two calls, each in a Flight server thread -----------------------------
+    # -- a session's two calls, each a coroutine on the server's loop ----------------------
 
     @property
     def _handshakes(self) -> int:
         """Calls waiting for their session's other call now."""
         return len(self._pairing)
 
-    def _serve_downlink(
-        self,
-        context: flight.ServerCallContext,
-        command: bytes,
-        writer: flight.MetadataRecordBatchWriter,
+    async def _exchange(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        """A ``DoExchange`` call: a downlink (the hello in a CMD descriptor), an uplink (the
+        path ``tensorwire/up/SESSION``), or refused."""
+        who = caller(context)
+        raw = await anext(requests, None)
+        try:
+            if raw is None:
+                raise WireError("the call ended before its descriptor")
+            first = frames.parse(raw)
+        except WireError as exc:
+            self._refused(who, exc)
+            return
+        desc = first.descriptor
+        if desc is not None and desc.type == frames.CMD:
+            await self._serve_downlink(who, context, desc.cmd)
+            return
+        if desc is not None and desc.type == frames.PATH and len(desc.path) == 3:
+            sid = desc.path[2].decode("ascii", "replace")
+            if desc.path[:2] == UP:
+                await self._serve_uplink(who, requests, context, sid, first)
+                return
+        self._refused(who, TransportError(f"unknown descriptor {desc!r}"))
+        await context.abort(
+            grpc.StatusCode.UNKNOWN,
+            f"unknown descriptor {desc!r}: this is a tensorwire hub; "
+            "use tensorwire.connect('flight://...')",
+        )
+
+    async def _serve_downlink(
+        self, who: str, context: grpc.aio.ServicerContext, command: bytes
     ) -> None:
         """Take the hello, wait for the uplink, then write the client's messages."""
-        who = caller(context)
-        waiter = self._open_session(who, context, command, writer)
+        waiter = await self._open_session(who, context, command)
         if waiter is None:
             return
         peer = waiter.peer
         assert peer is not None
-        with contextlib.suppress(*FLIGHT_ERRORS):  # hung up: the wait below sees it
-            writer.begin(SCHEMA)
-        if not self._paired(who, context, False, peer.hello.session, waiter):
+        with contextlib.suppress(*CALL_ERRORS):  # hung up: the wait below sees it
+            await context.write(frames.SCHEMA_FRAME)
+        if not await self._paired(who, context, False, peer.hello.session, waiter):
             return
-        self._write_loop(peer, writer)
+        peer.downlink = asyncio.current_task()
+        await self._write_loop(peer, context)
 
-    def _open_session(
-        self,
-        who: str,
-        context: flight.ServerCallContext,
-        command: bytes,
-        writer: flight.MetadataRecordBatchWriter,
+    async def _open_session(
+        self, who: str, context: grpc.aio.ServicerContext, command: bytes
     ) -> Waiter | None:
         """Check the hello (read under HELLO_LIMITS, with the caller's certificate name) and
         offer the session to its uplink; a refused one is answered ``refuse`` and gives None."""
@@ -122,39 +153,55 @@ class FlightHub(Hub):
             session.receive(msg)
             hello = session.hello
             assert hello is not None
-            return self._pairing.downlink(Peer(hello, session, tls_name), who, time.monotonic())
+            peer = Peer(hello, session, tls_name, post=self._server.loop.call_soon_threadsafe)
+            return self._pairing.downlink(peer, who, time.monotonic())
         except SessionRefused as exc:
             sid = None if msg is None else msg.meta.get("session")
             if isinstance(sid, str):  # before the answer: the client hangs up its uplink after
                 with self._sessions:
                     self._refused_ids.append(sid)
-            with contextlib.suppress(*FLIGHT_ERRORS):  # it hung up already
-                writer.begin(SCHEMA)
-                writer.write_metadata(session.refusal(exc).to_bytes())
             self._refused(who, exc)
+            with contextlib.suppress(*CALL_ERRORS):  # it hung up already
+                await context.write(frames.SCHEMA_FRAME)
+                await context.write(frames.metadata_frame(session.refusal(exc).to_bytes()))
         except WireError as exc:
             self._refused(who, exc)
         return None
 
-    def _paired(
+    async def _paired(
         self,
         who: str,
-        context: flight.ServerCallContext,
+        context: grpc.aio.ServicerContext,
         uplink: bool,
         sid: str,
         waiter: Waiter,
     ) -> bool:
         """Wait up to HANDSHAKE_TIMEOUT for the session's other call; False (reported, unless
-        the hub is closing) if it did not come, the call was cancelled, or pushed out."""
-        if waiter.wait(deadline_after(HANDSHAKE_TIMEOUT), context.is_cancelled, POLL_S):
-            return True
+        the hub is closing) if it did not come or was pushed out. A call its client hung up
+        meanwhile is reported, then ends (``CancelledError``)."""
+        hung_up = False
+        try:
+            if await waiter.wait(HANDSHAKE_TIMEOUT):
+                return True
+        except asyncio.CancelledError:
+            hung_up = True
         if not self._pairing.withdraw(uplink, sid, waiter):
+            if hung_up:  # paired as it hung up: its other call ends the session
+                raise asyncio.CancelledError
             return True  # paired as it gave up
+        self._report_unpaired(who, uplink, sid, waiter, hung_up)
+        if hung_up:
+            raise asyncio.CancelledError
+        return False
+
+    def _report_unpaired(
+        self, who: str, uplink: bool, sid: str, waiter: Waiter, hung_up: bool
+    ) -> None:
         if self._closing or waiter.dropped == "the hub is closing":
-            return False
+            return
         with self._sessions:
             if uplink and sid in self._refused_ids:  # its downlink's refusal was reported
-                return False
+                return
             if not uplink:  # reported here: its uplink, ending, is the same refusal
                 self._refused_ids.append(sid)
         if uplink:
@@ -164,21 +211,21 @@ class FlightHub(Hub):
             call = repr(waiter.peer.client_id)
         if waiter.dropped is not None:
             how = waiter.dropped
-        elif context.is_cancelled():
+        elif hung_up:
             how = "hung up"
         else:
             how = "came for no opening session" if uplink else "opened no uplink in time"
         self._refused(who, TransportError(f"{call} {how}"))
-        return False
 
-    def _serve_uplink(
+    async def _serve_uplink(
         self,
-        context: flight.ServerCallContext,
+        who: str,
+        requests: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext,
         session: str,
-        reader: flight.MetadataRecordBatchReader,
+        first: FlightData,
     ) -> None:
         """Attach to the session's downlink, join its client, then deliver its messages."""
-        who = caller(context)
         try:
             waiter = self._pairing.uplink(session, who, certificate_name(context), time.monotonic())
         except SessionRefused as exc:
@@ -188,12 +235,19 @@ class FlightHub(Hub):
             if not self._closing:
                 self._refused(who, TransportError(f"a second uplink for session {session!r}"))
             return
-        if not self._paired(who, context, True, session, waiter):
+        if not await self._paired(who, context, True, session, waiter):
             return
         peer = waiter.peer
         assert peer is not None
-        if self._admit(peer):
-            self._end(peer, self._read_loop(peer, context, reader))
+        if not self._admit(peer):
+            return
+        reason = BROKE
+        try:
+            reason = await self._read_loop(peer, requests, first)
+            if reason == ENDED:  # a broken connection ends the requests, then cancels the call
+                await asyncio.sleep(BYE_TIMEOUT)  # (then the finally below says it broke)
+        finally:  # cancelled too: the client hung up, or the hub is closing
+            self._end(peer, reason)
 
     def _admit(self, peer: Peer) -> bool:
         """Make ``peer`` the member for its client id (ending an older session), with its
@@ -202,9 +256,9 @@ class FlightHub(Hub):
         cid = peer.client_id
         welcome = Job(control=peer.session.welcome().to_bytes())
         # The peer and the membership (its codecs and limits) before the welcome, which its
-        # downlink thread may write at once: a client that has its welcome finds the hub
-        # knowing this session; and in one hold of the lock senders look peers up under, so
-        # that no send is queued before the welcome.
+        # downlink may write at once: a client that has its welcome finds the hub knowing
+        # this session; and in one hold of the lock senders look peers up under, so that no
+        # send is queued before the welcome.
         welcomed = False
         with self._sessions:
             closing = self._closing
@@ -216,79 +270,115 @@ class FlightHub(Hub):
                     peer.submit(welcome)  # queued on its downlink, never waits
                     welcomed = True
         if closing:
-            peer.stop("the hub is closing")
+            peer.stop("the hub is closing", BYE_TIMEOUT)
             return False
         if old is not None:
             log.info("flight: client %r reconnected; ending its old session", cid)
-            old.stop("replaced by a new session")
+            old.stop("replaced by a new session", BYE_TIMEOUT)
         self._announce_member(cid, replaced)
         if peer.gone is not None:  # it ended while joining: its leave may have found no member
             self._end(peer, peer.gone)
             self._left(cid, peer.gone, session=peer)
         return welcomed
 
-    def _write_loop(self, peer: Peer, writer: flight.MetadataRecordBatchWriter) -> None:
+    async def _write_loop(self, peer: Peer, context: grpc.aio.ServicerContext) -> None:
         """Write the peer's jobs until it is stopped; a failed write ends its session."""
-        while (job := peer.jobs.get()) is not None:
-            try:
-                if job.control is not None:
-                    writer.write_metadata(job.control)
-                elif peer.gone is not None or job.abandoned:
-                    job.error = PeerGone(f"client {peer.client_id!r} is gone: {peer.gone}")
-                else:
-                    assert job.enc is not None
-                    for piece in pieces(job.enc, self._batch_bytes):
-                        if job.abandoned:
-                            break
-                        writer.write_batch(batch_of(piece))
-            except FLIGHT_ERRORS as exc:
-                job.error = PeerGone(f"downlink to client {peer.client_id!r} broke: {exc}")
-                self._end(peer, f"downlink broke: {exc}")
-            except Exception as exc:  # handed to the sender, which raises it
-                job.error = exc
-            finally:
-                job.finished_at = time.perf_counter()
-                job.done.set()
+        job: Job | None = None
+        try:
+            while (job := await peer.next_job()) is not None:
+                await self._write_job(peer, job, context)
+                job = None
+        except asyncio.CancelledError:  # its client hung up, or we cut it (Peer.stop)
+            if not peer.cut:
+                raise
+        finally:
+            if job is not None:
+                self._finish_job(job, PeerGone(f"downlink to {peer.client_id!r} was cut"))
+            self._end(peer, BROKE)
+            while (rest := peer.jobs.popleft() if peer.jobs else None) is not None:
+                self._finish_job(rest, PeerGone(f"client {peer.client_id!r} is gone"))
+        if peer.cut:  # a status, unlike a cancelled task, ends the call at gRPC's level
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"session ended: {peer.gone}")
 
-    def _read_loop(
-        self,
-        peer: Peer,
-        context: flight.ServerCallContext,
-        reader: flight.MetadataRecordBatchReader,
+    async def _write_job(self, peer: Peer, job: Job, context: grpc.aio.ServicerContext) -> None:
+        error: Exception | None = None
+        try:
+            if job.control is not None:
+                await context.write(frames.metadata_frame(job.control))
+            elif peer.gone is not None or job.abandoned:
+                error = PeerGone(f"client {peer.client_id!r} is gone: {peer.gone}")
+            else:
+                assert job.frames is not None
+                for frame in job.frames:
+                    if job.abandoned:
+                        break
+                    await context.write(frame)
+        except CALL_ERRORS as exc:
+            error = PeerGone(f"downlink to client {peer.client_id!r} broke: {exc}")
+            self._end(peer, f"downlink broke: {exc}")
+        except Exception as exc:  # handed to the sender, which raises it
+            error = exc
+        self._finish_job(job, error)
+
+    @staticmethod
+    def _finish_job(job: Job, error: Exception | None) -> None:
+        job.error = error
+        job.finished_at = time.perf_counter()
+        job.done.set()
+
+    async def _read_loop(
+        self, peer: Peer, requests: AsyncIterator[bytes], first: FlightData
     ) -> str:
         """Deliver the peer's messages until it leaves; return why it left."""
         stream = MessageStream(limits=self.limits, codec_lookup=get_codec)
+        data: FlightData | None = first
         while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return "its connection broke" if context.is_cancelled() else "ended its stream"
-            except FLIGHT_ERRORS as exc:
-                return f"stream broke: {exc}"
-            if chunk.data is not None:
+            if data is None:
                 try:
-                    whole = feed(stream, chunk.data)
-                except WireError as exc:  # the framing is lost: nothing after it is safe
-                    self._deliver(peer, stream)
-                    self._rejected(peer.client_id, exc)
-                    return f"sent bytes that are not a tensorwire message ({exc})"
-                if whole is not None and (
-                    reason := self._received(peer.client_id, peer.session, whole)
-                ):
-                    return reason
-                if reason := self._deliver(peer, stream):
-                    return reason
-            if chunk.app_metadata is not None:
+                    raw = await anext(requests, None)
+                except CALL_ERRORS as exc:
+                    return f"stream broke: {exc}"
+                if raw is None:
+                    return ENDED
                 try:
-                    msg = control_message(chunk.app_metadata, self.limits)
+                    data = frames.parse(raw)
                 except WireError as exc:
                     self._rejected(peer.client_id, exc)
-                    continue
-                if msg.kind == "data":
-                    self._rejected(peer.client_id, WireError("data in app_metadata, not a batch"))
-                    continue
-                if reason := self._received(peer.client_id, peer.session, msg):
-                    return reason
+                    return f"sent bytes that are not a tensorwire message ({exc})"
+            if reason := self._take(peer, stream, data):
+                return reason
+            data = None
+
+    def _take(self, peer: Peer, stream: MessageStream, data: FlightData) -> str | None:
+        """Act on one FlightData of an uplink; return why the session ended, if it did."""
+        if data.header is not None:
+            try:
+                if frames.is_schema(data.header):
+                    body = None
+                else:
+                    body = frames.batch_bytes(data.header, data.body)
+                whole = None if body is None else feed(stream, body)
+            except WireError as exc:  # the framing is lost: nothing after it is safe
+                self._deliver(peer, stream)
+                self._rejected(peer.client_id, exc)
+                return f"sent bytes that are not a tensorwire message ({exc})"
+            if whole is not None and (
+                reason := self._received(peer.client_id, peer.session, whole)
+            ):
+                return reason
+            if reason := self._deliver(peer, stream):
+                return reason
+        if data.metadata is not None:
+            try:
+                msg = control_message(data.metadata, self.limits)
+            except WireError as exc:
+                self._rejected(peer.client_id, exc)
+                return None
+            if msg.kind == "data":
+                self._rejected(peer.client_id, WireError("data in app_metadata, not a batch"))
+                return None
+            return self._received(peer.client_id, peer.session, msg)
+        return None
 
     def _deliver(self, peer: Peer, stream: MessageStream) -> str | None:
         """Act on the messages ``stream`` has completed, reporting the bad ones; return why
@@ -310,23 +400,28 @@ class FlightHub(Hub):
             current = self._peers.get(peer.client_id) is peer
             if current:
                 del self._peers[peer.client_id]
-        peer.stop(reason)
+        peer.stop(reason, BYE_TIMEOUT)
         if current:
             self._left(peer.client_id, reason, session=peer)
 
     # -- Hub interface ---------------------------------------------------------------------
 
-    def _submit(self, client_id: str, enc: EncodedMessage) -> tuple[Peer, Job]:
+    def _submit(
+        self, client_id: str, enc: EncodedMessage, shared: Frames | None = None
+    ) -> tuple[Peer, Job]:
         with self._sessions:
             peer = self._peers.get(client_id)
         if peer is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        job = Job(enc=enc)
+        job = Job(frames=shared or Frames(enc, self._batch_bytes))
         peer.submit(job)
         return peer, job
 
     def _finish(self, peer: Peer, job: Job, deadline: float | None) -> None:
-        """Wait for a submitted send; past the deadline, drop its client and raise."""
+        """Wait for a submitted send; past the deadline, drop its client and raise. On the
+        hub's loop (a callback of ours sends) it returns at once: the loop writes it."""
+        if self._server.in_loop:
+            return
         if not job.done.wait(remaining(deadline)):
             job.abandoned = True  # its stream may now hold half a message: end the session
             self._end(peer, "a send to it timed out")
@@ -342,7 +437,7 @@ class FlightHub(Hub):
     def _start_send(
         self, client_id: str, enc: EncodedMessage, deadline: float | None
     ) -> Callable[[], None]:
-        """Queue a stream's message for the client's downlink thread and return at once (the
+        """Queue a stream's message for the client's downlink and return at once (the
         call returned waits for its write): the stream's next message is encoded meanwhile."""
         peer, job = self._submit(client_id, enc)
         return lambda: self._finish(peer, job, deadline)
@@ -350,13 +445,15 @@ class FlightHub(Hub):
     def _send_many(
         self, clients: list[str], enc: EncodedMessage, deadline: float | None
     ) -> dict[str, float | Exception]:
-        """Queue ``enc`` for every client at once: each downlink thread writes its own copy."""
+        """Queue ``enc`` for every client at once: its FlightData are built once, and each
+        downlink writes them."""
         started = time.perf_counter()
         results: dict[str, float | Exception] = {}
         submitted = []
+        shared = Frames(enc, self._batch_bytes)
         for c in clients:
             try:
-                submitted.append((c, *self._submit(c, enc)))
+                submitted.append((c, *self._submit(c, enc, shared)))
             except PeerGone as exc:
                 results[c] = exc
         for c, peer, job in submitted:
@@ -372,17 +469,12 @@ class FlightHub(Hub):
         with self._sessions:
             self._closing = True
             peers = list(self._peers.values())
-        self._pairing.close()
+        self._server.call(self._pairing.close)
         for peer in peers:  # clients hang up on the bye, which ends their sessions' calls
-            peer.stop("the hub is closing")
-        stopper = threading.Thread(
-            target=self._server.shutdown, name="tensorwire-flight-shutdown", daemon=True
-        )
-        stopper.start()
-        stopper.join(SHUTDOWN_TIMEOUT)
-        if stopper.is_alive():
+            peer.stop("the hub is closing", BYE_TIMEOUT)
+        if not self._server.shutdown(SHUTDOWN_TIMEOUT):
             log.warning(
-                "flight: sessions of %s did not end within %s s; the server stops when they do",
-                self.clients,
+                "flight: the server of %s did not stop within %s s; its thread is left to end",
+                self.url,
                 SHUTDOWN_TIMEOUT,
             )

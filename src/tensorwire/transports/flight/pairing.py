@@ -1,9 +1,10 @@
 """Pairing a session's two calls on a flight:// hub: a downlink (the hello) waits for its
 uplink, or an uplink that came first waits for its downlink.
 
-Each waiting call waits on an event of its own, woken only by its other half (or by being
-pushed out, or the hub closing), so a thousand devices joining at once cost a wake-up each,
-not one per waiting call. Waiting calls are bounded like a socket hub's silent connections
+Every call is a coroutine on the hub's event loop, which alone calls :class:`Pairing`. Each
+waiting call waits on an event of its own, woken only by its other half (or by being pushed
+out, or the hub closing), so a thousand devices joining at once cost a wake-up each, not one
+per waiting call. Waiting calls are bounded like a socket hub's silent connections
 (:class:`~tensorwire.transports.sockets.WaitingRoom`): at most ``total`` of each kind, at
 most ``per_source`` from one host; past either, the oldest waiting call (of that host) is
 ended to make room. A device's two calls pair within milliseconds, so whoever opens calls
@@ -12,9 +13,8 @@ that never pair pushes out their own, and a device is never refused for want of 
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tensorwire.errors import SessionRefused
@@ -33,14 +33,15 @@ class Waiter:
     tls_name: str | None
     peer: Peer | None = None
     dropped: str | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def wait(self, deadline: float, cancelled: Callable[[], bool], poll_s: float) -> bool:
-        """Wait until paired (True) or dropped, the call cancelled or ``deadline`` (a
-        ``time.monotonic()``) passed (False); looks at ``cancelled`` every ``poll_s``."""
-        while not self.ready.wait(min(poll_s, max(0.0, deadline - time.monotonic()))):
-            if cancelled() or time.monotonic() >= deadline:
-                return False
+    async def wait(self, timeout: float) -> bool:
+        """Wait until paired (True), or dropped or ``timeout`` seconds passed (False). A
+        cancelled call (its client hung up) raises ``CancelledError`` here."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except TimeoutError:
+            return False
         return self.dropped is None
 
 
@@ -120,7 +121,7 @@ class Pairing:
             return True
 
     def close(self) -> None:
-        """Wake every waiting call, unpaired: the hub is closing."""
+        """Wake every waiting call, unpaired: the hub is closing (call it on the loop)."""
         with self._lock:
             self._closed = True
             waiters, self._waiters = list(self._waiters.values()), {}

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow.flight as flight
+import grpc
+import grpc.aio
 
 from tensorwire.errors import AuthenticationError, TransportError
 from tensorwire.transports.security import TLS
 
 
-def certificate_name(context: flight.ServerCallContext) -> str | None:
+def certificate_name(context: grpc.aio.ServicerContext) -> str | None:
     """The name on the caller's verified TLS certificate (gRPC's peer identity: its first
     subject alternative name if it has any, else its common name), or None without one."""
-    name = context.peer_identity()
-    return name.decode("utf-8", "replace") if name else None
+    name = next(iter(context.peer_identities() or ()), b"")
+    return name.decode("utf-8", "replace") or None
 
 
 def _pem(path: Any) -> bytes:
@@ -27,16 +28,16 @@ def _pem(path: Any) -> bytes:
         raise TransportError(f"cannot read the TLS file {path}: {exc}") from None
 
 
-def server_tls(tls: TLS) -> dict[str, Any]:
-    """``FlightServerBase`` arguments for a hub with ``tls``: its certificate, and the CA
-    whose client certificates it requires (mutual TLS) when ``tls.ca`` is set."""
+def server_tls(tls: TLS) -> grpc.ServerCredentials:
+    """gRPC's credentials for a hub with ``tls``: its certificate, and the CA whose client
+    certificates it requires (mutual TLS) when ``tls.ca`` is set."""
     tls.server_context()  # no cert= or key=, or files ssl cannot load: said here, clearly
     ca = None if tls.ca is None else _pem(tls.ca)
-    return {
-        "tls_certificates": [flight.CertKeyPair(_pem(tls.cert), _pem(tls.key))],
-        "verify_client": ca is not None,
-        "root_certificates": ca,
-    }
+    return grpc.ssl_server_credentials(
+        [(_pem(tls.key), _pem(tls.cert))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
 
 
 def client_tls(tls: TLS) -> dict[str, Any]:
