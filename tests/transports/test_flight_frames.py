@@ -103,7 +103,7 @@ def test_garbage_on_an_uplink_ends_that_session_only():
         reasons: dict[str, str] = {}
         hub.on_leave = lambda cid, reason: reasons.setdefault(cid, reason)
         good = tensorwire.connect(hub.url, client_id="good", codec=None)
-        client, writer, down, channel, exchange, first = _raw_uplink(hub.url, "liar")
+        client, _writer, _down, channel, exchange, first = _raw_uplink(hub.url, "liar")
         calls = exchange(iter([first, frames.SCHEMA_FRAME, b"\xff\xff\xff\xff\xff\x01garbage"]))
         assert until(lambda: "liar" in reasons, timeout=T)
         assert "not a tensorwire message" in reasons["liar"]
@@ -141,8 +141,7 @@ def test_a_hub_holds_300_sessions_on_a_few_threads():
         with_one = _threads(proc.pid)
         started = time.monotonic()
         channels += [
-            tensorwire.connect(url, client_id=f"c{i}", codec=None, timeout=T)
-            for i in range(1, 300)
+            tensorwire.connect(url, client_id=f"c{i}", codec=None, timeout=T) for i in range(1, 300)
         ]
         assert time.monotonic() - started < 60
         with_300 = _threads(proc.pid)
