@@ -37,6 +37,31 @@ def test_frames_round_trip_pyarrows_own_encoding():
     assert bytes(frames.parse(frames.metadata_frame(b"xyz")).metadata) == b"xyz"
 
 
+@pytest.mark.parametrize("size", [*range(0, 33), 1000, 4095, 1 << 20])
+def test_the_hubs_frames_are_the_bytes_pyarrow_would_send(size):
+    """The hub builds a batch's FlightData from a template of pyarrow's header, patched with
+    the value's length: byte for byte what pyarrow serializes, from parts of any cut."""
+    data = bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
+    parts = [data[: size // 3], memoryview(data)[size // 3 :]]
+    assert frames.value_frame(parts) == frames.batch_frame(batch_of(data))
+
+
+def test_a_message_becomes_frames_of_at_most_batch_bytes_that_decode_back():
+    from tensorwire.wire import MessageStream, encode_message
+
+    enc = encode_message({"a": np.arange(5000, dtype=np.int64), "b": np.ones(7)}, {"k": 1})
+    built = list(frames.message_frames(enc, 4096))
+    stream = MessageStream()
+    for raw in built:
+        data = frames.parse(raw)
+        value = frames.batch_bytes(data.header, data.body)
+        assert len(value) <= 4096
+        stream.receive_data(value)
+    msg = stream.next_event()
+    assert np.array_equal(msg.tensors["a"], np.arange(5000)) and msg.meta == {"k": 1}
+    assert len(built) == -(-len(enc.to_bytes()) // 4096)
+
+
 def test_what_a_stranger_forges_is_a_wire_error_and_never_anything_else():
     """Lies: 20,000 mutations of a valid batch (bytes flipped anywhere: varints, lengths,
     the flatbuffer's offsets, the batch's offsets) and truncations give the bytes back or
@@ -151,3 +176,31 @@ def test_a_hub_holds_300_sessions_on_a_few_threads():
             ch.close()
         proc.stdin.close()
         proc.wait(T)
+
+
+def test_a_call_that_never_sends_its_descriptor_is_ended_in_the_handshake_window(monkeypatch):
+    """Hangs: a caller that opens a call and says nothing holds it no longer than
+    HANDSHAKE_TIMEOUT (pyarrow's server held it, and a thread, until the connection closed)."""
+    import threading
+
+    from tensorwire.transports.flight import hub as flight_hub
+    from tensorwire.transports.url import host_port
+
+    monkeypatch.setattr(flight_hub, "HANDSHAKE_TIMEOUT", 0.3)
+    release = threading.Event()
+
+    def silence():
+        release.wait(T)
+        yield from ()
+
+    with tensorwire.serve("flight://127.0.0.1:0") as hub:
+        host, port = host_port(hub.url)
+        with grpc.insecure_channel(f"{host}:{port}") as channel:
+            exchange = channel.stream_stream("/arrow.flight.protocol.FlightService/DoExchange")
+            started = time.monotonic()
+            assert list(exchange(silence(), timeout=T)) == []  # the hub ended it: status OK
+            assert time.monotonic() - started < T / 2
+            release.set()
+        assert until(lambda: any("no descriptor" in e.reason for e in hub.events), timeout=T)
+        with tensorwire.connect(hub.url, client_id="after", timeout=T):
+            assert hub.wait_for(1, timeout=T) == ["after"]

@@ -31,15 +31,21 @@ once, straight into the output arrays (``recv(out=...)``).
 
 With ``tls=tensorwire.TLS(...)`` (or the URL options ``?tls=1``, ``?ca=`` ...) both calls run
 over gRPC's TLS (``grpc+tls``), mutual when the hub's settings name a CA; the hub then takes
-the client certificate's name from gRPC (``ServerCallContext.peer_identity()``) and checks it
+the client certificate's name from gRPC (the call's ``peer_identities()``) and checks it
 against the hello's client id. ``key=`` / ``auth=`` add the session's secret proof
 (``docs/security.md``).
 
+The channel is pyarrow's Flight client. The hub is not pyarrow's Flight server (gRPC's
+synchronous server, a thread per call for as long as the call lasts: two per session, which
+ran away to tens of thousands under load at 2,000 devices) but gRPC's asyncio server serving
+Flight's ``DoExchange``: every call is a coroutine on one event loop, and the hub reads and
+writes FlightData itself (``frames.py``), the same bytes on the wire.
+
 The pieces: ``options.py`` (constants, where a hub listens), ``batches.py`` (messages as record
-batches and back), ``tls.py`` (gRPC's TLS), ``server.py`` (the Flight server, routing calls to
-the hub), ``peer.py`` (a hub's state per session), ``pairing.py`` (a session's two calls
-meeting, bounded), ``hub.py``, ``watchdog.py`` (a send's
-deadline) and ``channel.py``.
+batches and back), ``frames.py`` (FlightData and record-batch headers, as the hub parses and
+builds them), ``tls.py`` (gRPC's TLS), ``server.py`` (the hub's gRPC server and its loop
+thread), ``peer.py`` (a hub's state per session), ``pairing.py`` (a session's two calls
+meeting, bounded), ``hub.py``, ``watchdog.py`` (a send's deadline) and ``channel.py``.
 """
 
 from tensorwire.transports.flight.channel import FlightChannel

@@ -12,6 +12,7 @@ a header or body is a ``WireError``, never an exception of the parser's own.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from tensorwire.errors import WireError
 from tensorwire.transports.flight.options import SCHEMA
+from tensorwire.wire import EncodedMessage
 
 CMD = 2  # FlightDescriptor.DescriptorType
 PATH = 1
@@ -141,10 +143,59 @@ SCHEMA_FRAME = (lambda header: _key_length(2, len(header)) + bytes(header))(
 
 
 def batch_frame(batch: pa.RecordBatch) -> bytes:
-    """A FlightData carrying ``batch`` (one copy of its bytes, which any number of writes
-    of the result share)."""
+    """A FlightData carrying ``batch``, as pyarrow serializes it (tests compare with it)."""
     header, body = _ipc_parts(batch.serialize())
     return b"".join((_key_length(2, len(header)), header, _key_length(1000, len(body)), body))
+
+
+def _value_header_template() -> tuple[bytes, int, int]:
+    """The IPC header of a one-value :data:`SCHEMA` batch, and where in it the value's length
+    and the body's length sit: pyarrow's own, for two lengths, told apart."""
+    a, b = (bytes(_ipc_parts(_one_value(bytes(n)).serialize())[0]) for n in (24, 40))
+    spots = [i for i in range(0, len(a) - 7) if a[i : i + 8] != b[i : i + 8]]
+    at = {struct.unpack_from("<q", a, i)[0]: i for i in spots}
+    return a, at[24], at[32]
+
+
+def _one_value(buf: Any) -> pa.RecordBatch:
+    offsets = pa.py_buffer(struct.pack("<ii", 0, len(buf)))
+    column = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(buf)])
+    return pa.RecordBatch.from_arrays([column], schema=SCHEMA)
+
+
+_TEMPLATE, _VALUE_AT, _BODY_AT = _value_header_template()
+
+
+def value_frame(parts: list[Any]) -> bytes:
+    """A FlightData whose batch holds one value, ``parts`` back to back: the same bytes as
+    pyarrow's serialization of that batch, built with one copy of ``parts``."""
+    size = sum(len(p) for p in parts)
+    body = 8 + size + (-size % 8)  # the value's offsets (0, size), its bytes, padding
+    header = bytearray(_TEMPLATE)
+    struct.pack_into("<q", header, _VALUE_AT, size)
+    struct.pack_into("<q", header, _BODY_AT, body)
+    head = _key_length(2, len(header)) + header + _key_length(1000, body)
+    return b"".join((head, struct.pack("<ii", 0, size), *parts, bytes(-size % 8)))
+
+
+def message_frames(enc: EncodedMessage, batch_bytes: int) -> Iterator[bytes]:
+    """``enc`` as FlightData of one value each, each at most ``batch_bytes`` of the message
+    (the hub's sender: it copies a message once, into frames any number of peers share)."""
+    parts: list[Any] = []
+    size = 0
+    for segment in enc.segments(batch_bytes):  # hashes each big tensor piece by piece
+        for buf in segment:
+            view = memoryview(buf).cast("B")
+            while len(view):
+                take = view[: batch_bytes - size]
+                parts.append(take)
+                size += len(take)
+                view = view[len(take) :]
+                if size == batch_bytes:
+                    yield value_frame(parts)
+                    parts, size = [], 0
+    if parts:
+        yield value_frame(parts)
 
 
 # -- the IPC flatbuffer of a record batch ---------------------------------------------------

@@ -97,11 +97,14 @@ class FlightHub(Hub):
         """A ``DoExchange`` call: a downlink (the hello in a CMD descriptor), an uplink (the
         path ``tensorwire/up/SESSION``), or refused."""
         who = caller(context)
-        raw = await anext(requests, None)
         try:
+            raw = await asyncio.wait_for(anext(requests, None), HANDSHAKE_TIMEOUT)
             if raw is None:
                 raise WireError("the call ended before its descriptor")
             first = frames.parse(raw)
+        except TimeoutError:  # it costs no thread, but holds a call: not for ever
+            self._refused(who, TransportError(f"no descriptor in {HANDSHAKE_TIMEOUT} s"))
+            return
         except WireError as exc:
             self._refused(who, exc)
             return

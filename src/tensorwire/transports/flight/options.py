@@ -25,7 +25,6 @@ FEED_BYTES = 256 << 10  # bytes fed to the decoder at a time: it hashes them whi
 HANDSHAKE_TIMEOUT = 10.0  # seconds a session's second call has to arrive after its first
 MAX_HANDSHAKES = 1024  # downlinks (and, apart, uplinks) waiting for their other call at once
 MAX_HANDSHAKES_PER_SOURCE = 512  # ... from one host; past either, the oldest is ended
-POLL_S = 0.25  # seconds between checks that a waiting call was not cancelled
 BYE_TIMEOUT = 1.0  # seconds spent saying goodbye before closing anyway
 SHUTDOWN_TIMEOUT = 5.0  # seconds the hub waits for its server to stop before leaving it be
 

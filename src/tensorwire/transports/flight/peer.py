@@ -12,31 +12,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorwire.errors import PeerGone
-from tensorwire.transports.flight.batches import batch_of, pieces
-from tensorwire.transports.flight.frames import batch_frame
+from tensorwire.transports.flight.frames import message_frames
 from tensorwire.transports.session import Hello, HubSession, bye
 from tensorwire.wire import EncodedMessage
 
 
 class Frames:
-    """The FlightData of one message, built piece by piece as the first writer needs them
-    and kept for the others (a broadcast copies its message once, not once per peer)."""
+    """The FlightData of one message, built as the first writer needs them and kept for the
+    others (a broadcast copies its message once, not once per peer)."""
 
     def __init__(self, enc: EncodedMessage, batch_bytes: int) -> None:
-        self._pieces: Iterator[Any] | None = pieces(enc, batch_bytes)
+        self._source: Iterator[bytes] | None = message_frames(enc, batch_bytes)
         self._built: list[bytes] = []
 
     def __iter__(self) -> Iterator[bytes]:
         i = 0
         while True:
             if i == len(self._built):
-                if self._pieces is None:
+                frame = None if self._source is None else next(self._source, None)
+                if frame is None:
+                    self._source = None
                     return
-                piece = next(self._pieces, None)
-                if piece is None:
-                    self._pieces = None
-                    return
-                self._built.append(batch_frame(batch_of(piece)))
+                self._built.append(frame)
             yield self._built[i]
             i += 1
 
