@@ -39,7 +39,7 @@ from tensorwire.transports.flight.options import (
     FlightHubOptions,
 )
 from tensorwire.transports.flight.pairing import Pairing, Waiter
-from tensorwire.transports.flight.peer import Frames, Job, Peer
+from tensorwire.transports.flight.peer import Job, Peer
 from tensorwire.transports.flight.server import FlightServer, caller
 from tensorwire.transports.flight.tls import certificate_name, server_tls
 from tensorwire.transports.session import HELLO_LIMITS, HubSession
@@ -409,14 +409,19 @@ class FlightHub(Hub):
 
     # -- Hub interface ---------------------------------------------------------------------
 
+    def _frames(self, enc: EncodedMessage) -> list[bytes]:
+        """``enc``'s FlightData, built on the sender's thread (its digests and its one copy),
+        so the hub's loop only writes them."""
+        return list(frames.message_frames(enc, self._batch_bytes))
+
     def _submit(
-        self, client_id: str, enc: EncodedMessage, shared: Frames | None = None
+        self, client_id: str, enc: EncodedMessage, shared: list[bytes] | None = None
     ) -> tuple[Peer, Job]:
         with self._sessions:
             peer = self._peers.get(client_id)
         if peer is None:
             raise PeerGone(f"client {client_id!r} is not connected")
-        job = Job(frames=shared or Frames(enc, self._batch_bytes))
+        job = Job(frames=self._frames(enc) if shared is None else shared)
         peer.submit(job)
         return peer, job
 
@@ -453,7 +458,7 @@ class FlightHub(Hub):
         started = time.perf_counter()
         results: dict[str, float | Exception] = {}
         submitted = []
-        shared = Frames(enc, self._batch_bytes)
+        shared = self._frames(enc)
         for c in clients:
             try:
                 submitted.append((c, *self._submit(c, enc, shared)))

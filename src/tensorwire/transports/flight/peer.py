@@ -1,48 +1,24 @@
 """A hub's state for one session (its peer): the hello, the session machine, and the queue
-of jobs its downlink coroutine writes; and a message's FlightData, built once for every
-peer a broadcast writes it to."""
+of jobs its downlink coroutine writes."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tensorwire.errors import PeerGone
-from tensorwire.transports.flight.frames import message_frames
 from tensorwire.transports.session import Hello, HubSession, bye
-from tensorwire.wire import EncodedMessage
-
-
-class Frames:
-    """The FlightData of one message, built as the first writer needs them and kept for the
-    others (a broadcast copies its message once, not once per peer)."""
-
-    def __init__(self, enc: EncodedMessage, batch_bytes: int) -> None:
-        self._source: Iterator[bytes] | None = message_frames(enc, batch_bytes)
-        self._built: list[bytes] = []
-
-    def __iter__(self) -> Iterator[bytes]:
-        i = 0
-        while True:
-            if i == len(self._built):
-                frame = None if self._source is None else next(self._source, None)
-                if frame is None:
-                    self._source = None
-                    return
-                self._built.append(frame)
-            yield self._built[i]
-            i += 1
 
 
 @dataclass(eq=False)
 class Job:
     """A message (its frames) or a control message's bytes for a peer's downlink."""
 
-    frames: Frames | None = None
+    frames: list[bytes] | None = None  # its FlightData (frames.message_frames), shared
     control: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
