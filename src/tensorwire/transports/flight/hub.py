@@ -10,7 +10,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import ClassVar
 
 import grpc
@@ -409,13 +409,19 @@ class FlightHub(Hub):
 
     # -- Hub interface ---------------------------------------------------------------------
 
-    def _frames(self, enc: EncodedMessage) -> list[bytes]:
-        """``enc``'s FlightData, built on the sender's thread (its digests and its one copy),
-        so the hub's loop only writes them."""
-        return list(frames.message_frames(enc, self._batch_bytes))
+    def _frames(self, enc: EncodedMessage, shared: bool = False) -> Iterable[bytes]:
+        """``enc``'s FlightData. A message of one frame (or one that every member of a
+        broadcast writes) is built here, on the sender's thread, so the hub's loop only
+        writes it; a bigger one to one member, frame by frame as it is written, so only a
+        frame or two of it is ever copied at once (fresh memory, page faulted, cost more
+        than the copy: 64 MiB took twice as long built whole)."""
+        built = frames.message_frames(enc, self._batch_bytes)
+        if shared or enc.nbytes <= self._batch_bytes:
+            return list(built)
+        return built
 
     def _submit(
-        self, client_id: str, enc: EncodedMessage, shared: list[bytes] | None = None
+        self, client_id: str, enc: EncodedMessage, shared: Iterable[bytes] | None = None
     ) -> tuple[Peer, Job]:
         with self._sessions:
             peer = self._peers.get(client_id)
@@ -458,7 +464,7 @@ class FlightHub(Hub):
         started = time.perf_counter()
         results: dict[str, float | Exception] = {}
         submitted = []
-        shared = self._frames(enc)
+        shared = self._frames(enc, shared=True)
         for c in clients:
             try:
                 submitted.append((c, *self._submit(c, enc, shared)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from tensorwire.transports.session import Hello, HubSession, bye
 class Job:
     """A message (its frames) or a control message's bytes for a peer's downlink."""
 
-    frames: list[bytes] | None = None  # its FlightData (frames.message_frames), shared
+    frames: Iterable[bytes] | None = None  # its FlightData (frames.message_frames)
     control: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
