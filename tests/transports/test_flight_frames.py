@@ -204,3 +204,15 @@ def test_a_call_that_never_sends_its_descriptor_is_ended_in_the_handshake_window
         assert until(lambda: any("no descriptor" in e.reason for e in hub.events), timeout=T)
         with tensorwire.connect(hub.url, client_id="after", timeout=T):
             assert hub.wait_for(1, timeout=T) == ["after"]
+
+
+def test_a_hub_closed_from_its_own_callback_does_not_wait_on_itself():
+    """Hangs: on_join runs on the hub's loop; closing the hub there must not deadlock it."""
+    hub = tensorwire.serve("flight://127.0.0.1:0")
+    closed = []
+    hub.on_join = lambda cid: (hub.close(), closed.append(cid))
+    with pytest.raises(tensorwire.errors.TransportError):
+        ch = tensorwire.connect(hub.url, client_id="first", timeout=3)
+        ch.recv(timeout=T)  # the hub closed as it welcomed us: the session ends
+    assert until(lambda: closed == ["first"], timeout=T)
+    assert until(lambda: not hub._server._thread.is_alive(), timeout=T)

@@ -156,7 +156,7 @@ class FlightHub(Hub):
             session.receive(msg)
             hello = session.hello
             assert hello is not None
-            peer = Peer(hello, session, tls_name, post=self._server.loop.call_soon_threadsafe)
+            peer = Peer(hello, session, tls_name, post=self._server.post)
             return self._pairing.downlink(peer, who, time.monotonic())
         except SessionRefused as exc:
             sid = None if msg is None else msg.meta.get("session")

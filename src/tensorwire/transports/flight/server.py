@@ -105,9 +105,21 @@ class FlightServer:
         else:
             self.loop.call_soon_threadsafe(fn, *args)
 
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop later, from any thread; nothing once it is closed."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the hub is gone
+            self.loop.call_soon_threadsafe(fn, *args)
+
     def shutdown(self, grace: float) -> bool:
         """Stop taking calls, give those running ``grace`` seconds to end, cancel the rest,
-        and stop the loop; False if it did not stop in time (its thread is a daemon)."""
+        and stop the loop; False if it did not stop in time (its thread is a daemon). Called
+        on the loop itself (a hub closed from its own callback), it does so from a thread of
+        its own and returns at once."""
+        if self.in_loop:
+            threading.Thread(
+                target=self.shutdown, args=(grace,), name="tensorwire-flight-stop", daemon=True
+            ).start()
+            return True
         stopped = True
         if self._server is not None:
             try:
