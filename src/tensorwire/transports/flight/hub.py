@@ -414,7 +414,7 @@ class FlightHub(Hub):
         broadcast writes) is built here, on the sender's thread, so the hub's loop only
         writes it; a bigger one to one member, frame by frame as it is written, so only a
         frame or two of it is ever copied at once (fresh memory, page faulted, cost more
-        than the copy: 64 MiB took twice as long built whole)."""
+        than the copy: a 64 MiB send took twice the hub's CPU built whole)."""
         built = frames.message_frames(enc, self._batch_bytes)
         if shared or enc.nbytes <= self._batch_bytes:
             return list(built)
