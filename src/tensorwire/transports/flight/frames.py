@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from tensorwire.errors import WireError
+from tensorwire.transports.flight.batches import batch_of
 from tensorwire.transports.flight.options import SCHEMA
 from tensorwire.wire import EncodedMessage
 
@@ -151,16 +152,10 @@ def batch_frame(batch: pa.RecordBatch) -> bytes:
 def _value_header_template() -> tuple[bytes, int, int]:
     """The IPC header of a one-value :data:`SCHEMA` batch, and where in it the value's length
     and the body's length sit: pyarrow's own, for two lengths, told apart."""
-    a, b = (bytes(_ipc_parts(_one_value(bytes(n)).serialize())[0]) for n in (24, 40))
+    a, b = (bytes(_ipc_parts(batch_of(bytes(n)).serialize())[0]) for n in (24, 40))
     spots = [i for i in range(0, len(a) - 7) if a[i : i + 8] != b[i : i + 8]]
     at = {struct.unpack_from("<q", a, i)[0]: i for i in spots}
     return a, at[24], at[32]
-
-
-def _one_value(buf: Any) -> pa.RecordBatch:
-    offsets = pa.py_buffer(struct.pack("<ii", 0, len(buf)))
-    column = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(buf)])
-    return pa.RecordBatch.from_arrays([column], schema=SCHEMA)
 
 
 _TEMPLATE, _VALUE_AT, _BODY_AT = _value_header_template()
